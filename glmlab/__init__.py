@@ -1,0 +1,1 @@
+"""glmlab: study and serve GLM-5.3-Flash."""

@@ -1,0 +1,40 @@
+"""Checkpoints of the named presets, written once into glmlab's cache directory and reused."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from glmlab import presets
+from glmlab.checkpoint.writer import write_random_checkpoint
+from glmlab.env import cache_dir
+
+
+def preset_checkpoint(name: str, seed: int = 0, fp8: bool = False) -> Path:
+    """Directory of the random ``name`` checkpoint (``tiny``, ``slice:N``), written on first use."""
+    tag = name.replace(":", "-") + f"-seed{seed}" + ("-fp8" if fp8 else "")
+    out = cache_dir() / "checkpoints" / tag
+    if (out / "config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{tag}-", dir=out.parent))
+    try:
+        write_random_checkpoint(presets.preset(name), tmp, seed=seed, fp8=fp8)
+        tmp.rename(out)  # atomic: a concurrent writer's copy wins, ours is dropped below
+    except OSError:
+        if not (out / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve_model(spec: str) -> Path:
+    """A checkpoint directory, or a preset name (``tiny``, ``slice:N``) written on demand."""
+    path = Path(spec)
+    if path.is_dir():
+        return path
+    if spec == "tiny" or spec.startswith("slice"):
+        return preset_checkpoint(spec)
+    raise FileNotFoundError(f"{spec} is neither a checkpoint directory nor a preset (tiny, slice:N)")

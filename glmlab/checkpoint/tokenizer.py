@@ -1,0 +1,92 @@
+"""A small byte-level tokenizer for checkpoints glmlab writes itself.
+
+Ids 0..255 are the raw bytes (so any text round-trips), then GLM's special tokens in a fixed order.
+The files are the standard Hugging Face ones (``tokenizer.json``, ``tokenizer_config.json`` with a
+GLM-style chat template), so transformers' ``AutoTokenizer`` and ``glmlab.tokenizer.Tokenizer``
+read them exactly like the released tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+    "<think>",
+    "</think>",
+    "<|mask|>",  # the block-drafting mask token (DFlash2)
+)
+TINY_SPECIALS = {tok: 256 + i for i, tok in enumerate(SPECIAL_TOKENS)}
+
+CHAT_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'system' -%}<|system|>\n{{ m['content'] }}"
+    "{%- elif m['role'] == 'user' -%}<|user|>\n{{ m['content'] }}"
+    "{%- elif m['role'] == 'assistant' -%}<|assistant|>\n{{ m['content'] }}"
+    "{%- elif m['role'] == 'tool' or m['role'] == 'observation' -%}<|observation|>\n{{ m['content'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>\n{%- endif -%}"
+)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The printable stand-in character the ByteLevel pre-tokenizer uses for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def build_byte_tokenizer() -> Tokenizer:
+    vocab = {ch: b for b, ch in _bytes_to_unicode().items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return tok
+
+
+def write_tokenizer_files(out: Path, eos_ids: list[int], pad_id: int | None) -> None:
+    """Write tokenizer.json, tokenizer_config.json and generation_config.json into ``out``."""
+    tok = build_byte_tokenizer()
+    for name, idx in TINY_SPECIALS.items():
+        if tok.token_to_id(name) != idx:
+            raise AssertionError(f"special token {name} got id {tok.token_to_id(name)}, not {idx}")
+    tok.save(str(out / "tokenizer.json"))
+    id_to_tok = {v: k for k, v in TINY_SPECIALS.items()}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": id_to_tok[eos_ids[0]],
+        "pad_token": id_to_tok.get(pad_id, "<|endoftext|>"),
+        "model_max_length": 1048576,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+        "added_tokens_decoder": {
+            str(i): {"content": t, "special": True, "normalized": False, "lstrip": False,
+                     "rstrip": False, "single_word": False}
+            for t, i in TINY_SPECIALS.items()
+        },
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    gen = {"eos_token_id": eos_ids, "pad_token_id": pad_id, "do_sample": False}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")

@@ -1,0 +1,69 @@
+"""Command-line flags generated from dataclass fields (``page_size`` -> ``--page-size``).
+
+Configs are parsed whole from the flags and passed on as one object; no positional plumbing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any
+
+
+def _flag(prefix: str, name: str) -> str:
+    return "--" + (prefix + name).replace("_", "-")
+
+
+def _base(tp: Any) -> tuple[Any, bool]:
+    """(underlying type, optional?) for X | None annotations."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "",
+                       exclude: tuple[str, ...] = (), defaults: dict | None = None) -> None:
+    hints = typing.get_type_hints(cls)
+    defaults = defaults or {}
+    for f in dataclasses.fields(cls):
+        if f.name in exclude or not f.init:
+            continue
+        tp, _ = _base(hints[f.name])
+        default = defaults.get(f.name, _default(f))
+        dest = prefix.replace("-", "_") + f.name
+        flag = _flag(prefix, f.name)
+        if tp is bool:
+            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
+                                default=default)
+        elif typing.get_origin(tp) is tuple:
+            item = typing.get_args(tp)[0]
+            parser.add_argument(flag, dest=dest, default=default,
+                                type=lambda s, item=item: tuple(item(x) for x in s.split(",") if x),
+                                help="comma-separated")
+        elif isinstance(tp, type) and issubclass(tp, dataclasses.Field):
+            continue
+        else:
+            conv = tp if tp in (int, float, str) else str
+            parser.add_argument(flag, dest=dest, type=conv, default=default)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def dataclass_from_args(cls: type, ns: argparse.Namespace, prefix: str = "", **overrides: Any):
+    values = {}
+    for f in dataclasses.fields(cls):
+        dest = prefix.replace("-", "_") + f.name
+        if hasattr(ns, dest):
+            values[f.name] = getattr(ns, dest)
+    values.update(overrides)
+    return cls(**values)

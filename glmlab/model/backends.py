@@ -1,0 +1,74 @@
+"""Which implementation runs each hot op: chosen once, by name, when a model is prepared.
+
+Every op has a ``torch`` reference (the specification, runs anywhere). A fast backend (Triton,
+TileLang, fla) is registered here by *import path*, so nothing is imported or probed until a
+config asks for it, and it may be registered only together with a test comparing it to the
+reference. ``GLM5Model.use_backends`` resolves the names once and records them.
+
+Op signatures (shape letters as in kernels/README.md):
+  kda_prefill(q, k, v, g, beta, states, cu_seqlens) -> (o, states)
+      q, k [T, H, K] (normalised, q scaled), v [T, H, V], g [T, H, K] fp32, beta [T, H],
+      states [N, H, K, V] fp32 initial states, cu_seqlens [N+1]; returns o [T, H, V], final states.
+  kda_decode(q, k, v, g, beta, states) -> (o, states)     one token per sequence: [N, H, *]
+  sparse_mla(q, cache, layer, slot_indices, scale) -> [T, H, R] fp32
+      q [T, H, R] absorbed queries; slot_indices [T, W] token slots into the layer's latent cache.
+  moe_experts(x, ids, weights, experts) -> [T, D]        routed experts only (no shared expert)
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+
+class Registry:
+    def __init__(self, op: str):
+        self.op = op
+        self._impls: dict[str, Callable | str] = {}
+
+    def add(self, name: str, impl: Callable | str) -> None:
+        """Register ``impl``: a callable, or ``"package.module:function"`` imported on first use."""
+        self._impls[name] = impl
+
+    def get(self, name: str) -> Callable:
+        if name not in self._impls:
+            raise ValueError(f"no {self.op} backend {name!r}; registered: {sorted(self._impls)}")
+        impl = self._impls[name]
+        if isinstance(impl, str):
+            module, _, attr = impl.partition(":")
+            impl = getattr(importlib.import_module(module), attr)
+            self._impls[name] = impl
+        return impl
+
+    def names(self) -> list[str]:
+        return sorted(self._impls)
+
+
+KDA_PREFILL = Registry("kda_prefill")
+KDA_DECODE = Registry("kda_decode")
+SPARSE_MLA = Registry("sparse_mla")
+MOE_EXPERTS = Registry("moe_experts")
+
+KDA_PREFILL.add("torch", "glmlab.model.torch_ops:kda_prefill")
+KDA_DECODE.add("torch", "glmlab.model.torch_ops:kda_decode")
+SPARSE_MLA.add("torch", "glmlab.model.torch_ops:sparse_mla")
+MOE_EXPERTS.add("torch", "glmlab.model.torch_ops:moe_experts")
+
+
+@dataclass(frozen=True)
+class Backends:
+    kda: str = "torch"
+    sparse_mla: str = "torch"
+    moe: str = "torch"
+
+    def resolve(self) -> dict[str, Callable]:
+        return {
+            "kda_prefill": KDA_PREFILL.get(self.kda),
+            "kda_decode": KDA_DECODE.get(self.kda),
+            "sparse_mla": SPARSE_MLA.get(self.sparse_mla),
+            "moe_experts": MOE_EXPERTS.get(self.moe),
+        }
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))

@@ -1,0 +1,80 @@
+"""ForwardPlan: everything a forward step needs to know about its batch, built once per step.
+
+A step runs N sequences; sequence i brings ``seq_lens[i]`` new tokens on top of ``cache_lens[i]``
+tokens already in the cache. Tokens of all sequences are concatenated (no padding): the model sees
+[T, ...] tensors with T = sum(seq_lens), split by ``cu_seqlens``.
+
+Where things live:
+- per-token cache rows (DSA latent, indexer keys) are addressed by *token slots*:
+  slot = page_table[i, pos // page_size] * page_size + pos % page_size;
+- per-request state (KDA recurrent + conv state, the indexer's incomplete-pool tail) by
+  ``state_slots[i]``.
+
+The plan holds no model tensors and is never mutated; every layer reads the same plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ForwardPlan:
+    seq_lens: tuple[int, ...]
+    cache_lens: tuple[int, ...]
+    state_slots: torch.Tensor  # [N] int64
+    page_size: int
+    context_slots: tuple[torch.Tensor, ...]  # per sequence: [cache_len + seq_len] token slots
+    write_slots: torch.Tensor  # [T] slots of the new tokens, in batch order
+    cu_seqlens: torch.Tensor  # [N+1] int64
+
+    @classmethod
+    def build(cls, seq_lens: list[int], cache_lens: list[int], state_slots: list[int],
+              page_table: torch.Tensor, page_size: int) -> ForwardPlan:
+        """page_table: [N, max_pages] page ids (only the first ceil(len / page_size) are read)."""
+        if not (len(seq_lens) == len(cache_lens) == len(state_slots) == page_table.shape[0]):
+            raise ValueError("seq_lens, cache_lens, state_slots and page_table disagree on N")
+        device = page_table.device
+        ctx, new = [], []
+        for i, (n, c) in enumerate(zip(seq_lens, cache_lens, strict=True)):
+            pos = torch.arange(c + n, device=device)
+            slots = page_table[i, pos // page_size].long() * page_size + pos % page_size
+            ctx.append(slots)
+            new.append(slots[c:])
+        cu = torch.tensor([0, *seq_lens], device=device).cumsum(0)
+        return cls(
+            seq_lens=tuple(seq_lens),
+            cache_lens=tuple(cache_lens),
+            state_slots=torch.tensor(state_slots, dtype=torch.long, device=device),
+            page_size=page_size,
+            context_slots=tuple(ctx),
+            write_slots=torch.cat(new) if new else torch.zeros(0, dtype=torch.long, device=device),
+            cu_seqlens=cu,
+        )
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.seq_lens)
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence advances by exactly one token."""
+        return all(n == 1 for n in self.seq_lens)
+
+    def token_ranges(self) -> list[tuple[int, int]]:
+        """[start, end) of each sequence's new tokens in the flat batch."""
+        out, s = [], 0
+        for n in self.seq_lens:
+            out.append((s, s + n))
+            s += n
+        return out
+
+    def last_token_rows(self) -> torch.Tensor:
+        """Row of each sequence's last new token (where next-token logits are read)."""
+        return self.cu_seqlens[1:] - 1

@@ -1,0 +1,80 @@
+"""Text <-> token ids for any checkpoint in the published layout.
+
+Reads ``tokenizer.json`` with HF ``tokenizers`` and the chat template from
+``tokenizer_config.json`` (or ``chat_template.jinja``), and knows the end-of-sequence ids from
+``generation_config.json`` / ``config.json``. It knows nothing about models or sampling.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HFTokenizer
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+class Tokenizer:
+    def __init__(self, tok: _HFTokenizer, chat_template: str | None, eos_token_ids: tuple[int, ...],
+                 special_ids: frozenset[int]):
+        self._tok = tok
+        self.chat_template = chat_template
+        self.eos_token_ids = eos_token_ids
+        self.special_ids = special_ids
+
+    @classmethod
+    def from_dir(cls, path: str | Path, eos_token_ids: tuple[int, ...] = ()) -> Tokenizer:
+        path = Path(path)
+        file = path / "tokenizer.json"
+        if not file.is_file():
+            raise TokenizerError(f"no tokenizer.json in {path}")
+        try:
+            tok = _HFTokenizer.from_file(str(file))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise TokenizerError(f"cannot read {file}: {e}") from e
+        config = _read_json(path / "tokenizer_config.json")
+        template = config.get("chat_template")
+        if template is None and (path / "chat_template.jinja").is_file():
+            template = (path / "chat_template.jinja").read_text()
+        if not eos_token_ids:
+            gen = _read_json(path / "generation_config.json")
+            eos = gen.get("eos_token_id")
+            eos_token_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        specials = frozenset(t.id for t in _added_tokens(tok) if t.special)
+        return cls(tok, template, tuple(int(e) for e in eos_token_ids), specials)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise TokenizerError("this checkpoint's tokenizer has no chat template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        try:
+            return env.from_string(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt)
+        except jinja2.TemplateError as e:
+            raise TokenizerError(f"chat template failed: {e}") from e
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _added_tokens(tok: _HFTokenizer):
+    return tok.get_added_tokens_decoder().values()

@@ -1,0 +1,1 @@
+"""glmlab.kernels: fast ops and their torch references, one folder per op family."""

@@ -1,0 +1,1 @@
+"""glmlab.kernels.dsa: see ref.py for the specification."""

@@ -1,0 +1,1 @@
+"""glmlab.kernels.fp8: see ref.py for the specification."""

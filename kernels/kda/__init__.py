@@ -1,0 +1,1 @@
+"""glmlab.kernels.kda: see ref.py for the specification."""

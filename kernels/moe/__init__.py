@@ -1,0 +1,1 @@
+"""glmlab.kernels.moe: see ref.py for the specification."""
