@@ -12,17 +12,11 @@ from __future__ import annotations
 import os
 import sys
 
-if not os.environ.get("CUDA_VISIBLE_DEVICES_FORCE_GPU"):
-    try:
-        import torch as _torch
-
-        if not _torch.cuda.is_available():
-            os.environ.setdefault("TRITON_INTERPRET", "1")
-    except ImportError:  # pragma: no cover
-        pass
-
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

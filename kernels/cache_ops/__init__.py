@@ -1,0 +1,1 @@
+"""glmlab.kernels.cache_ops"""
