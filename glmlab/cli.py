@@ -10,6 +10,7 @@ COMMANDS = {
     "init-checkpoint": "glmlab.commands.init_checkpoint",
     "generate": "glmlab.commands.generate",
     "parity": "glmlab.commands.parity",
+    "bench": "glmlab.commands.bench",
 }
 
 

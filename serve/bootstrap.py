@@ -1,0 +1,231 @@
+"""Pairing prefill and decode by ``bootstrap_room``: the prefill's bootstrap listener, its client.
+
+sglang-router sends the same request to a prefill and a decode worker, adding ``bootstrap_host``,
+``bootstrap_port`` (the prefill's listener) and a random 63-bit ``bootstrap_room``
+(PLATFORM.md 2.5).
+The two meet here:
+
+- once per (decode, prefill) pair, decode fetches ``GET /route`` (the prefill's NIXL agent and
+  cache layout) and registers itself with ``PUT /peers`` (its agent metadata and the addresses of
+  its cache regions);
+- per request, decode posts ``POST /rooms/{room}`` with where the request's cache must land (its
+  page ids for the part of the prompt it lacks, its state slot and aux row); the prefill worker
+  handling the same room waits for that message, computes, and pushes;
+- ``DELETE /rooms/{room}`` tells prefill that decode gave up on the room.
+
+This module moves JSON and pairs rooms; it never touches the engine or NIXL itself: the worker
+passes in the callbacks that do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+
+import httpx
+from fastapi import FastAPI, HTTPException, Request
+
+from glmlab.serve.transfer import Region
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    """A worker's NIXL identity and cache layout, as exchanged at registration."""
+
+    agent_name: str
+    metadata: bytes
+    regions: dict[str, Region]
+    page_size: int
+
+    def to_json(self) -> dict:
+        return {"agent_name": self.agent_name,
+                "metadata": base64.b64encode(self.metadata).decode(),
+                "regions": [r.to_json() for r in self.regions.values()],
+                "page_size": self.page_size}
+
+    @classmethod
+    def from_json(cls, d: dict) -> PeerInfo:
+        regions = [Region.from_json(r) for r in d["regions"]]
+        return cls(str(d["agent_name"]), base64.b64decode(d["metadata"]),
+                   {r.name: r for r in regions}, int(d["page_size"]))
+
+    def layout(self) -> dict[str, int]:
+        return {n: r.row_bytes for n, r in self.regions.items()}
+
+
+@dataclass(frozen=True)
+class RoomMessage:
+    """Decode's per-request message: where the request's cache must land."""
+
+    room: int
+    decode_agent: str
+    prompt_len: int
+    prompt_hash: str  # both sides tokenize; a mismatch must fail loudly, not corrupt the cache
+    decode_prefix_len: int  # tokens decode already holds (page aligned): not sent again
+    dst_pages: tuple[int, ...]  # decode pages for positions [decode_prefix_len, prompt_len)
+    dst_state_slot: int
+    dst_aux_row: int
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["dst_pages"] = list(self.dst_pages)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> RoomMessage:
+        return cls(int(d["room"]), str(d["decode_agent"]), int(d["prompt_len"]),
+                   str(d["prompt_hash"]), int(d["decode_prefix_len"]),
+                   tuple(int(p) for p in d["dst_pages"]), int(d["dst_state_slot"]),
+                   int(d["dst_aux_row"]))
+
+
+@dataclass
+class _Room:
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    message: RoomMessage | None = None
+    cancelled: str | None = None
+    created: float = field(default_factory=time.monotonic)
+
+
+class RoomTable:
+    """Rooms by id; either side (the request or decode's message) may arrive first."""
+
+    def __init__(self, expire_s: float = 300.0):
+        self._rooms: dict[int, _Room] = {}
+        self._expire_s = expire_s
+
+    def _room(self, room: int) -> _Room:
+        self._expire()
+        return self._rooms.setdefault(room, _Room())
+
+    def put(self, msg: RoomMessage) -> None:
+        r = self._room(msg.room)
+        r.message = msg
+        r.event.set()
+
+    def cancel(self, room: int, reason: str) -> None:
+        r = self._room(room)
+        r.cancelled = reason
+        r.event.set()
+
+    async def wait(self, room: int, timeout_s: float) -> RoomMessage:
+        r = self._room(room)
+        try:
+            await asyncio.wait_for(r.event.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"room {room}: no message from decode within "
+                               f"{timeout_s:.0f} s") from None
+        finally:
+            self._rooms.pop(room, None)
+        if r.cancelled or r.message is None:
+            raise ConnectionAbortedError(f"room {room}: decode cancelled ({r.cancelled})")
+        return r.message
+
+    def __len__(self) -> int:
+        return len(self._rooms)
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for k in [k for k, r in self._rooms.items() if now - r.created > self._expire_s]:
+            del self._rooms[k]
+
+
+def bootstrap_app(info: Callable[[], PeerInfo], register: Callable[[PeerInfo], Awaitable[None]],
+                  rooms: RoomTable) -> FastAPI:
+    """The prefill worker's listener, served on its bootstrap port."""
+    app = FastAPI(title="glmlab bootstrap", docs_url=None, redoc_url=None)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/route")
+    async def route() -> dict:
+        return info().to_json()
+
+    @app.put("/peers")
+    async def peers(request: Request) -> dict:
+        try:
+            peer = PeerInfo.from_json(await request.json())
+        except (ValueError, KeyError, TypeError) as e:
+            raise HTTPException(400, f"bad peer registration: {e}") from e
+        mine = info()
+        if peer.layout() != mine.layout() or peer.page_size != mine.page_size:
+            raise HTTPException(409, f"cache layouts differ: decode {peer.layout()} page "
+                                     f"{peer.page_size}, prefill {mine.layout()} page "
+                                     f"{mine.page_size}")
+        await register(peer)
+        return {"status": "registered", "prefill_agent": mine.agent_name}
+
+    @app.post("/rooms/{room}")
+    async def post_room(room: int, request: Request) -> dict:
+        try:
+            msg = RoomMessage.from_json({**await request.json(), "room": room})
+        except (ValueError, KeyError, TypeError) as e:
+            raise HTTPException(400, f"bad room message: {e}") from e
+        rooms.put(msg)
+        return {"status": "ok"}
+
+    @app.delete("/rooms/{room}")
+    async def delete_room(room: int, reason: str = "aborted") -> dict:
+        rooms.cancel(room, reason)
+        return {"status": "cancelled"}
+
+    return app
+
+
+class BootstrapClient:
+    """Decode's side: one registration per prefill listener, then room messages."""
+
+    def __init__(self, mine: Callable[[], PeerInfo],
+                 add_peer: Callable[[PeerInfo], Awaitable[str]], timeout_s: float = 10.0):
+        self._mine, self._add_peer = mine, add_peer
+        self._http = httpx.AsyncClient(timeout=timeout_s, trust_env=False)
+        self._peers: dict[str, str] = {}  # listener base url -> prefill agent name
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @staticmethod
+    def base_url(host: str, port: int) -> str:
+        return f"http://{host}:{port}"
+
+    async def connect(self, base: str) -> str:
+        """The prefill agent's name, registering both ways on first contact."""
+        lock = self._locks.setdefault(base, asyncio.Lock())
+        async with lock:
+            if base in self._peers:
+                return self._peers[base]
+            r = await self._http.get(f"{base}/route")
+            r.raise_for_status()
+            prefill = PeerInfo.from_json(r.json())
+            name = await self._add_peer(prefill)
+            r = await self._http.put(f"{base}/peers", json=self._mine().to_json())
+            if r.status_code != 200:
+                raise RuntimeError(f"prefill at {base} refused registration: {r.text}")
+            self._peers[base] = name
+            return name
+
+    def forget(self, base: str) -> None:
+        """Drop a listener after a failure, so the next request registers afresh."""
+        self._peers.pop(base, None)
+
+    async def send_room(self, base: str, msg: RoomMessage) -> None:
+        r = await self._http.post(f"{base}/rooms/{msg.room}", json=msg.to_json())
+        if r.status_code != 200:
+            raise RuntimeError(f"prefill at {base} refused room {msg.room}: {r.text}")
+
+    async def cancel_room(self, base: str, room: int, reason: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the prefill may be what failed
+            await self._http.delete(f"{base}/rooms/{room}", params={"reason": reason})
+
+    async def alive(self, base: str) -> bool:
+        try:
+            return (await self._http.get(f"{base}/health", timeout=2.0)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,77 @@
+"""sglang-router (pinned 0.3.2) in front of the workers: its command line, and waiting for it.
+
+PD mode: ``--pd-disaggregation --prefill URL BOOTSTRAP_PORT ... --decode URL ...``; mixed mode:
+``--worker-urls URL ...``. Everything the router binds is pinned to the configured host, because it
+binds 0.0.0.0 (and its metrics 0.0.0.0:29000) unless told otherwise (PLATFORM.md 2.5).
+
+This module builds argv lists and probes HTTP; starting and stopping processes is the
+supervisor's job.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from glmlab.serve.config import InstanceSpec, Mode, Role, ServeConfig
+
+
+def router_argv(cfg: ServeConfig, instances: list[InstanceSpec]) -> list[str]:
+    argv = [sys.executable, "-m", "sglang_router.launch_router",
+            "--host", cfg.host, "--port", str(cfg.port),
+            "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port),
+            "--policy", cfg.router_policy,
+            "--request-timeout-secs", str(int(cfg.request_timeout_s)),
+            # workers are started (and healthy) before the router: look for them every second
+            "--worker-startup-check-interval", "1",
+            "--worker-startup-timeout-secs", str(int(cfg.startup_timeout_s)),
+            # a failed request is an answer the client must see, not something to replay
+            "--disable-retries", "--disable-circuit-breaker",
+            "--log-level", "warn"]
+    if cfg.mode is Mode.MIXED:
+        return argv + ["--worker-urls", *(s.url for s in instances)]
+    argv.append("--pd-disaggregation")
+    for s in instances:
+        if s.role is Role.PREFILL:
+            argv += ["--prefill", s.url, str(s.bootstrap_port)]
+    for s in instances:
+        if s.role is Role.DECODE:
+            argv += ["--decode", s.url]
+    return argv
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    """(status, body); status 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def router_ready(url: str) -> bool:
+    status, body = http_get(f"{url}/readiness")
+    if status != 200:
+        return False
+    try:
+        return json.loads(body).get("status") == "ready"
+    except ValueError:
+        return True
+
+
+def wait_until(predicate, timeout_s: float, what: str, alive=lambda: None,
+               poll_s: float = 0.2) -> None:
+    """Poll ``predicate`` until true; ``alive()`` returns an error message to stop early."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        problem = alive()
+        if problem:
+            raise RuntimeError(f"{what}: {problem}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not ready after {timeout_s:.0f} s")
+        time.sleep(poll_s)
