@@ -110,6 +110,8 @@ class DSAttention(nn.Module):
         held = start % kp  # rows of the incomplete pool already in the tail
         tail = cache.index_tail[layer][slot]  # [kpool, 2*DI]
         rows = torch.cat([tail[:held].to(k.dtype), torch.cat([k, gate], dim=-1)])
+        if plan.verify is not None:  # speculative verify: the commit rebuilds the tail from these
+            plan.verify.record_index_rows(layer, slot, held, rows)
         done = (held + n) // kp
         if done:
             first_pool = (start - held) // kp

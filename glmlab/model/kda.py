@@ -58,7 +58,9 @@ class KDAttention(nn.Module):
         g = kda_gate_ref(self.f_b_proj(self.f_a_proj(h)), self.A_log, self.dt_bias,
                          k.lower_bound)  # [T, H, K] fp32
         beta = torch.sigmoid(self.b_proj(h))  # [T, H]
-        layer, slots = self.layer_idx, plan.state_slots
+        layer, slots, verify = self.layer_idx, plan.state_slots, plan.verify
+        if verify is not None:  # speculative verify: keep the inputs a commit rolls back to
+            verify.record_conv(layer, slots, cache.conv[layer][slots], qkv)
         if plan.is_decode:
             y = self._conv_decode(qkv, slots, cache)
         else:
@@ -66,7 +68,9 @@ class KDAttention(nn.Module):
                            for i, (s, e) in enumerate(plan.token_ranges())])
         q, kk, v = self._split_heads(y)
         states = cache.recurrent[layer][slots].float()
-        if plan.is_decode:
+        if verify is not None:  # outputs for the window; the committed state stays as it is
+            out, states = verify.kda_recurrence(layer, slots, q, kk, v, g, beta, states)
+        elif plan.is_decode:
             out, states = self.decode_op(q, kk, v, g, beta, states)
         else:
             out, states = self.prefill_op(q, kk, v, g, beta, states, plan.cu_seqlens)

@@ -11,13 +11,34 @@ Where things live:
   ``state_slots[i]``.
 
 The plan holds no model tensors and is never mutated; every layer reads the same plan.
+
+A speculative *verify* step carries a ``VerifyRecorder`` (``glmlab.spec.commit``): the KDA and DSA
+layers hand it the per-step inputs of their carried state and leave the committed KDA state
+untouched, so the state can later be committed to whatever prefix of the window was accepted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+
+class VerifyRecorder(Protocol):
+    """What a verify step records (every sequence verifies the same number of tokens)."""
+
+    def record_conv(self, layer: int, slots: torch.Tensor, held: torch.Tensor,
+                    x: torch.Tensor) -> None:
+        """held [N, C, W-1] conv state before the window; x [T, C] the window's conv inputs."""
+
+    def kda_recurrence(self, layer: int, slots: torch.Tensor, q, k, v, g, beta,
+                       states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Outputs o [T, H, V] over the window, and the states to store (the committed ones)."""
+
+    def record_index_rows(self, layer: int, slot: torch.Tensor, held: int,
+                          rows: torch.Tensor) -> None:
+        """rows [held + n, 2*DI]: the incomplete pool's held rows, then the window's rows."""
 
 
 @dataclass(frozen=True)
@@ -29,10 +50,12 @@ class ForwardPlan:
     context_slots: tuple[torch.Tensor, ...]  # per sequence: [cache_len + seq_len] token slots
     write_slots: torch.Tensor  # [T] slots of the new tokens, in batch order
     cu_seqlens: torch.Tensor  # [N+1] int64
+    verify: VerifyRecorder | None = None  # set only for speculative verify steps
 
     @classmethod
     def build(cls, seq_lens: list[int], cache_lens: list[int], state_slots: list[int],
-              page_table: torch.Tensor, page_size: int) -> ForwardPlan:
+              page_table: torch.Tensor, page_size: int,
+              verify: VerifyRecorder | None = None) -> ForwardPlan:
         """page_table: [N, max_pages] page ids (only the first ceil(len / page_size) are read)."""
         if not (len(seq_lens) == len(cache_lens) == len(state_slots) == page_table.shape[0]):
             raise ValueError("seq_lens, cache_lens, state_slots and page_table disagree on N")
@@ -52,6 +75,7 @@ class ForwardPlan:
             context_slots=tuple(ctx),
             write_slots=torch.cat(new) if new else torch.zeros(0, dtype=torch.long, device=device),
             cu_seqlens=cu,
+            verify=verify,
         )
 
     @property
