@@ -1,0 +1,225 @@
+"""MoE kernel benchmark (``python -m glmlab.bench.ops --op moe``): tuned vs default vs torch.
+
+GLM-5.3-Flash shapes: D 4096, I 2048, top-8; E = 288 (one rank holds every expert) and E = 72
+(rank 0 of EP4: routes over 288 experts, other ranks' pairs dropped). For each M (tokens before
+top-k) one route is drawn from routing samples (``--samples``; uniform top-k without them) and
+the routed-expert MoE is timed (CUDA graphs, L2 flushed between calls) as:
+
+- ``triton_tuned``: ``fused_moe`` with ``choose_config(M, table)`` from the tuned table;
+- ``triton_default``: the same kernels with the untuned default config;
+- ``torch_loop``: per expert ``torch._scaled_mm`` (FP8, row-wise scales) + torch SwiGLU/quant;
+- ``torch_grouped``: ``torch._scaled_grouped_mm`` (one CUTLASS grouped GEMM per projection).
+
+Each row has microseconds, weight-streaming TB/s and FP8 TFLOP/s and their fractions of the
+ceilings measured in the same run (HBM copy bandwidth, ``torch._scaled_mm`` 8192^3 peak).
+``act_quant`` rows compare the fused SwiGLU + FP8 quantisation kernel with the unfused pair at
+8192 tokens. GPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from glmlab.kernels.fp8.quant_triton import quant_act_fp8_triton
+from glmlab.kernels.fp8.ref import FP8, FP8_MAX
+from glmlab.kernels.moe.act_triton import swiglu, swiglu_quant
+from glmlab.kernels.moe.configs import (
+    CONFIG_DIR,
+    DEFAULT_CONFIG,
+    MoEShape,
+    choose_config,
+    read_table,
+)
+from glmlab.kernels.moe.fused_moe import device_name, fused_moe
+from glmlab.kernels.moe.ref import clamped_swiglu, swiglu_quant_ref
+from glmlab.kernels.moe.routing_triton import align_pairs
+from glmlab.kernels.moe.samples import RoutingSamples, local_ids, routes_for_m, uniform_routes
+from glmlab.kernels.moe.timing import GraphTimer
+from glmlab.kernels.moe.tuner import Problem
+
+TOKENS = (1, 16, 64, 128, 256, 768, 1024, 4096, 8192)
+DEFAULT_SAMPLES = Path("data/routing/slice4-layer3.safetensors")
+
+
+def _args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="glmlab.bench.ops --op moe")
+    p.add_argument("--experts", default="288,72", help="local expert counts (288 = all)")
+    p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    p.add_argument("--configs", default=str(CONFIG_DIR), help="tuned table directory")
+    p.add_argument("--samples", default=str(DEFAULT_SAMPLES), help="routing samples")
+    p.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
+    return p.parse_args(argv)
+
+
+def measure_ceilings(timer: GraphTimer) -> dict:
+    """HBM copy bandwidth (read + write) and the FP8 ``torch._scaled_mm`` rate, measured now."""
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_us = timer(lambda: dst.copy_(src))
+    n = 8192
+    a = torch.randn(n, n, device="cuda").to(FP8)
+    b = torch.randn(n, n, device="cuda").to(FP8)
+    one = torch.ones((), device="cuda")
+    mm_us = timer(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16))
+    return {"hbm_copy_tbs": 2 * src.numel() * 2 / copy_us / 1e6,
+            "fp8_scaled_mm_tflops": 2 * n ** 3 / mm_us / 1e6}
+
+
+def _route(samples: RoutingSamples | None, m: int, e: int, seed: int) -> torch.Tensor:
+    if samples is None:
+        ids = uniform_routes(288, 8, m, 1, seed)[0]
+    else:
+        ids = routes_for_m(samples, m, 1, seed)[0]
+    return local_ids(ids, 0, e).cuda()
+
+
+def _rowwise(q_scale: torch.Tensor) -> torch.Tensor:
+    """[E, N/128, K/128] block scales -> [E, N] row-wise scales (the largest of each row)."""
+    return q_scale.amax(-1).repeat_interleave(128, dim=1).contiguous()
+
+
+def _quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
+    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
+
+
+def torch_loop(p: Problem, x, ids, w):
+    """Per-expert FP8 ``torch._scaled_mm``; the per-expert row lists are made outside the timing."""
+    inter, groups = p.shape.intermediate, []
+    s13, s2 = _rowwise(p.w13_scale), _rowwise(p.w2_scale)
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        tok, slot = torch.where(ids == e)
+        groups.append((e, tok, w[tok, slot, None].to(x.dtype)))
+
+    def run():
+        out = torch.zeros_like(x)
+        for e, tok, wt in groups:
+            a, sa = _quant_rows(x[tok])
+            h = torch._scaled_mm(a, p.w13[e].t(), sa, s13[e][None], out_dtype=x.dtype)
+            y, sy = _quant_rows(clamped_swiglu(h[:, :inter], h[:, inter:], p.limit))
+            o = torch._scaled_mm(y, p.w2[e].t(), sy, s2[e][None], out_dtype=x.dtype)
+            out.index_add_(0, tok, o * wt)
+        return out
+    return run
+
+
+def torch_grouped(p: Problem, x, ids, w):
+    """``torch._scaled_grouped_mm`` over rows sorted by expert, each expert padded to 16 rows."""
+    align = align_pairs(ids, p.shape.num_experts, 16)
+    n = int(align.num_padded.item())
+    pair = align.sorted_ids[:n].long()
+    valid = pair < ids.numel()
+    tok = torch.where(valid, pair // ids.shape[1], 0)
+    wt = torch.where(valid, w.reshape(-1)[pair.clamp(max=ids.numel() - 1)], 0.0).to(x.dtype)
+    counts = torch.bincount(align.expert_ids[:n // 16].long(), minlength=p.shape.num_experts)
+    offs = (counts * 16).cumsum(0).to(torch.int32)
+    s13, s2, inter = _rowwise(p.w13_scale), _rowwise(p.w2_scale), p.shape.intermediate
+
+    def run():
+        a, sa = _quant_rows(x[tok])
+        h = torch._scaled_grouped_mm(a, p.w13.transpose(1, 2), sa.flatten(), s13, offs=offs,
+                                     out_dtype=x.dtype)
+        y, sy = _quant_rows(clamped_swiglu(h[:, :inter], h[:, inter:], p.limit))
+        o = torch._scaled_grouped_mm(y, p.w2.transpose(1, 2), sy.flatten(), s2, offs=offs,
+                                     out_dtype=x.dtype)
+        return torch.zeros_like(x).index_add_(0, tok, o * wt[:, None])
+    return run
+
+
+def _rates(us: float, weight_bytes: int, flops: int, ceil: dict) -> dict:
+    tbs, tflops = weight_bytes / us / 1e6, flops / us / 1e6
+    bound_us = max(weight_bytes / ceil["hbm_copy_tbs"], flops / ceil["fp8_scaled_mm_tflops"]) / 1e6
+    return dict(us=us, weight_tbs=tbs, tflops=tflops, frac_hbm=tbs / ceil["hbm_copy_tbs"],
+                frac_fp8=tflops / ceil["fp8_scaled_mm_tflops"], roofline_frac=bound_us / us)
+
+
+def bench_moe(p: Problem, ids, m: int, table, ceil: dict, timer, with_torch: bool) -> list[dict]:
+    x, w = p.activations(m, seed=m)
+    shape = p.shape
+    pairs = int(((ids >= 0) & (ids < shape.num_experts)).sum())
+    touched = int(torch.unique(ids[ids >= 0]).numel())
+    per_expert = 3 * shape.hidden * shape.intermediate + 4 * (p.w13_scale[0].numel()
+                                                              + p.w2_scale[0].numel())
+    weight_bytes, flops = touched * per_expert, 6 * pairs * shape.hidden * shape.intermediate
+    tuned = choose_config(m, table)
+    variants = {"triton_tuned": lambda: fused_moe(x, ids, w, p.w13, p.w2, p.limit, p.w13_scale,
+                                                  p.w2_scale, shape.block, tuned),
+                "triton_default": lambda: fused_moe(x, ids, w, p.w13, p.w2, p.limit,
+                                                    p.w13_scale, p.w2_scale, shape.block,
+                                                    (DEFAULT_CONFIG, DEFAULT_CONFIG))}
+    if with_torch:
+        variants["torch_loop"] = lambda: torch_loop(p, x, ids, w)
+        variants["torch_grouped"] = lambda: torch_grouped(p, x, ids, w)
+    base = dict(op="moe", E=shape.num_experts, M=m, D=shape.hidden, I=shape.intermediate,
+                top_k=shape.top_k, pairs=pairs, experts_touched=touched,
+                weight_bytes=weight_bytes, flops=flops, tuned_up=tuned[0].short(),
+                tuned_down=tuned[1].short(), tuned_table=table is not None)
+    rows = []
+    for name, make in variants.items():
+        try:
+            fn = make() if name.startswith("torch") else make
+            rows.append({**base, "variant": name, **_rates(timer(fn), weight_bytes, flops, ceil)})
+        except Exception as exc:  # a peer that does not run here is reported, not fatal
+            rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
+    us = {r["variant"]: r.get("us") for r in rows}
+    for r in rows:
+        for ref in ("triton_default", "torch_loop", "torch_grouped"):
+            if r.get("us") and us.get(ref):
+                r[f"speedup_vs_{ref}"] = us[ref] / r["us"]
+    return rows
+
+
+def bench_act_quant(p: Problem, ids, timer, limit: float = 10.0) -> list[dict]:
+    """Fused SwiGLU + FP8 quant vs the unfused kernel pair (and torch) on one real alignment."""
+    align = align_pairs(ids, p.shape.num_experts, 64)
+    rows_n = int(align.num_padded.item())
+    h = torch.randn(align.max_rows, 2 * p.shape.intermediate, device="cuda",
+                    dtype=torch.bfloat16) * 4
+    fused = lambda: swiglu_quant(h, limit, align.num_padded)
+    unfused = lambda: quant_act_fp8_triton(swiglu(h, limit, align.num_padded), 128,
+                                           align.num_padded)
+    eager = lambda: swiglu_quant_ref(h[:rows_n], limit)
+    (q1, s1), (q2, _), (q3, s3) = fused(), unfused(), eager()
+    same = bool(torch.equal(q1[:rows_n].view(torch.uint8), q3.view(torch.uint8))
+                and torch.equal(s1[:rows_n], s3)
+                and torch.equal(q1[:rows_n].view(torch.uint8), q2[:rows_n].view(torch.uint8)))
+    base = dict(op="act_quant", M=ids.shape[0], rows=rows_n, I=p.shape.intermediate,
+                bitwise_equal_to_unfused=same)
+    out = {name: timer(fn) for name, fn in (("fused", fused), ("unfused_triton", unfused),
+                                            ("unfused_torch", eager))}
+    return [{**base, "variant": k, "us": v, "speedup_of_fused": v / out["fused"]}
+            for k, v in out.items()]
+
+
+def run(argv: list[str]) -> list[dict]:
+    args = _args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the MoE benchmark needs a CUDA device")
+    timer = GraphTimer()
+    ceil = measure_ceilings(timer)
+    rows = [{"op": "ceiling", "variant": k, "value": v} for k, v in ceil.items()]
+    samples = RoutingSamples.load(args.samples) if Path(args.samples).is_file() else None
+    source = samples.source if samples else "uniform top-k (no samples)"
+    experts = [int(e) for e in args.experts.split(",")]
+    full = Problem.random(MoEShape(max(experts), 8, 4096, 2048), "cuda")
+    for e in experts:
+        p = full.narrow(e)
+        table = read_table(p.shape, device_name(torch.device("cuda")), Path(args.configs))
+        for m in (int(t) for t in args.tokens.split(",")):
+            ids = _route(samples, m, e, seed=m)
+            rows += bench_moe(p, ids, m, table, ceil, timer, not args.no_torch)
+            print(_line(rows[-4:] if not args.no_torch else rows[-2:]), flush=True)
+    rows += bench_act_quant(full, _route(samples, 8192, max(experts), seed=8192), timer)
+    for r in rows:
+        r.update(routes=source, **{f"ceiling_{k}": v for k, v in ceil.items()})
+    return rows
+
+
+def _line(rows: list[dict]) -> str:
+    r0 = rows[0]
+    cells = " ".join(f"{r['variant']}={r['us']:.1f}us" if "us" in r else f"{r['variant']}=ERR"
+                     for r in rows)
+    return f"E={r0['E']} M={r0['M']}: {cells}"
