@@ -25,8 +25,13 @@ def _base(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str = "",
-                       exclude: tuple[str, ...] = (), defaults: dict | None = None) -> None:
+def add_dataclass_args(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    prefix: str = "",
+    exclude: tuple[str, ...] = (),
+    defaults: dict | None = None,
+) -> None:
     hints = typing.get_type_hints(cls)
     defaults = defaults or {}
     for f in dataclasses.fields(cls):
@@ -37,13 +42,18 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str =
         dest = prefix.replace("-", "_") + f.name
         flag = _flag(prefix, f.name)
         if tp is bool:
-            parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction,
-                                default=default)
+            parser.add_argument(
+                flag, dest=dest, action=argparse.BooleanOptionalAction, default=default
+            )
         elif typing.get_origin(tp) is tuple:
             item = typing.get_args(tp)[0]
-            parser.add_argument(flag, dest=dest, default=default,
-                                type=lambda s, item=item: tuple(item(x) for x in s.split(",") if x),
-                                help="comma-separated")
+            parser.add_argument(
+                flag,
+                dest=dest,
+                default=default,
+                type=lambda s, item=item: tuple(item(x) for x in s.split(",") if x),
+                help="comma-separated",
+            )
         elif isinstance(tp, type) and issubclass(tp, dataclasses.Field):
             continue
         else:

@@ -10,5 +10,5 @@ from pathlib import Path
 
 
 def cache_dir() -> Path:
-    """Where glmlab keeps checkpoints it writes itself (GLMLAB_CACHE_DIR, default ~/.cache/glmlab)."""
+    """Where glmlab keeps the checkpoints it writes (GLMLAB_CACHE_DIR, default ~/.cache/glmlab)."""
     return Path(os.environ.get("GLMLAB_CACHE_DIR", Path.home() / ".cache" / "glmlab"))

@@ -7,7 +7,8 @@ so that it goes through the one reader, ``ModelConfig.from_hf``, exactly like a 
 - ``tiny``: seconds on a CPU, yet every layer family is present: KDA and DSA attention, dense and
   MoE FFNs, 4 mHC streams, the MTP layer, and an indexer top-k (16 tokens = 4 pools) small enough
   that prompts of a few dozen tokens exercise real sparse selection.
-- ``slice(n)``: real widths, the first ``n`` layers (same 3:1 KDA:DSA pattern, same dense/MoE split).
+- ``slice(n)``: real widths, the first ``n`` layers (same 3:1 KDA:DSA pattern and dense/MoE
+  split).
 
 ``data/configs/<name>/config.json`` are these dicts written to disk (a test keeps them equal).
 """

@@ -20,8 +20,13 @@ class TokenizerError(ValueError):
 
 
 class Tokenizer:
-    def __init__(self, tok: _HFTokenizer, chat_template: str | None, eos_token_ids: tuple[int, ...],
-                 special_ids: frozenset[int]):
+    def __init__(
+        self,
+        tok: _HFTokenizer,
+        chat_template: str | None,
+        eos_token_ids: tuple[int, ...],
+        special_ids: frozenset[int],
+    ):
         self._tok = tok
         self.chat_template = chat_template
         self.eos_token_ids = eos_token_ids
@@ -45,7 +50,7 @@ class Tokenizer:
             gen = _read_json(path / "generation_config.json")
             eos = gen.get("eos_token_id")
             eos_token_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        specials = frozenset(t.id for t in _added_tokens(tok) if t.special)
+        specials = frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
         return cls(tok, template, tuple(int(e) for e in eos_token_ids), specials)
 
     @property
@@ -67,14 +72,11 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         try:
             return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt)
+                messages=messages, add_generation_prompt=add_generation_prompt
+            )
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from e
 
 
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def _added_tokens(tok: _HFTokenizer):
-    return tok.get_added_tokens_decoder().values()

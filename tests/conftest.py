@@ -41,8 +41,13 @@ def _poisoned(name):
     real = _REAL[name]
 
     def fn(*args, **kwargs):
+        # NOTE: torch.device(...) context managers only redirect the original builtins, so the
+        # wrapper must pass the context's device on explicitly.
+        if name == "empty" and kwargs.get("device") is None:
+            kwargs["device"] = torch.get_default_device()
         t = real(*args, **kwargs)
-        if _from_glmlab() and t.is_floating_point() and t.dtype != torch.float8_e4m3fn:
+        if (_from_glmlab() and t.is_floating_point() and t.dtype != torch.float8_e4m3fn
+                and t.device.type != "meta"):
             t.fill_(float("nan"))
         return t
 
@@ -54,3 +59,12 @@ def nan_poison_empty(monkeypatch):
     for name in _REAL:
         monkeypatch.setattr(torch, name, _poisoned(name))
     yield
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny random checkpoint written by glmlab (bf16 layout), shared by the whole session."""
+    from glmlab import presets
+    from glmlab.checkpoint.writer import write_random_checkpoint
+
+    return write_random_checkpoint(presets.tiny(), tmp_path_factory.mktemp("tiny"), seed=0)

@@ -2,7 +2,8 @@
 
 Accepts the released layout (multimodal, ``model.language_model.*``, FP8 block-128 weights with
 ``weight_scale_inv``, the MTP layer as ``layers.45``), a bf16 twin of it, and what transformers'
-``save_pretrained`` writes (same names, fp32-kept tensors stored in fp32). Vision tensors are ignored.
+``save_pretrained`` writes (same names, fp32-kept tensors stored in fp32). Vision tensors are
+ignored.
 
 Every expected tensor must be present with the right shape and a usable dtype; anything under the
 text prefix that glmlab does not know is an error too, because a silently ignored tensor is a
@@ -31,8 +32,13 @@ _FLOAT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 _FP8 = "F8_E4M3"
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.bfloat16, device: str = "cpu",
-               fp8: FP8Mode = "dequantize", with_mtp: bool = True) -> GLM5Model:
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    fp8: FP8Mode = "dequantize",
+    with_mtp: bool = True,
+) -> GLM5Model:
     cfg = ModelConfig.from_hf(path)
     store = TensorStore(path)
     with torch.device("meta"):
@@ -55,15 +61,21 @@ class _Loader:
                 return p
         raise CheckpointError(
             f"{self.store.path}: no embedding tensor (looked for "
-            + " or ".join(f"{p}embed_tokens.weight" for p in PREFIXES) + ")")
+            + " or ".join(f"{p}embed_tokens.weight" for p in PREFIXES)
+            + ")"
+        )
 
     def run(self) -> None:
         plain, experts = self._plan()
         params = dict(self.model.named_parameters())
         expected_experts = {n for n, m in self.model.named_modules() if isinstance(m, Experts)}
-        missing = [n for n in params if n not in plain and n.rsplit(".", 1)[0] not in expected_experts]
+        missing = [
+            n for n in params if n not in plain and n.rsplit(".", 1)[0] not in expected_experts
+        ]
         if self.cfg.tie_word_embeddings and "lm_head.weight" in missing:
-            plain["lm_head.weight"] = plain[next(k for k in plain if k.endswith("embed_tokens.weight"))]
+            plain["lm_head.weight"] = plain[
+                next(k for k in plain if k.endswith("embed_tokens.weight"))
+            ]
             missing.remove("lm_head.weight")
         if missing:
             raise CheckpointError(f"{self.store.path}: missing tensors for {_short(missing)}")
@@ -105,7 +117,9 @@ class _Loader:
         """Read one tensor; returns (tensor, scale or None). Checks dtype and shape first."""
         st_dtype, st_shape = self.store.info(ckpt)
         if st_shape != tuple(shape):
-            raise CheckpointError(f"tensor {ckpt} has shape {list(st_shape)}, expected {list(shape)}")
+            raise CheckpointError(
+                f"tensor {ckpt} has shape {list(st_shape)}, expected {list(shape)}"
+            )
         if st_dtype == _FP8:
             if not fp8_ok:
                 raise CheckpointError(f"tensor {ckpt} is FP8 but glmlab expects bf16/fp32 there")
@@ -147,11 +161,16 @@ class _Loader:
         stacks = {"w13": [], "w2": []}
         for e in range(e_count):
             row = []
-            for part, stack, shape in (("gate", "w13", (inter, d)), ("up", "w13", (inter, d)),
-                                       ("down", "w2", (d, inter))):
+            for part, stack, shape in (
+                ("gate", "w13", (inter, d)),
+                ("up", "w13", (inter, d)),
+                ("down", "w2", (d, inter)),
+            ):
                 ckpt = parts.get((f"{module_name}.{stack}", e, part))
                 if ckpt is None:
-                    raise CheckpointError(f"missing tensor for expert {e} {part}_proj of {module_name}")
+                    raise CheckpointError(
+                        f"missing tensor for expert {e} {part}_proj of {module_name}"
+                    )
                 row.append((stack, *self._read(ckpt, shape, fp8_ok=True)))
             self._stack_expert(row, stacks)
         self._assign_experts(module, stacks)
@@ -165,10 +184,13 @@ class _Loader:
         if keep and gate.shape[0] % self.block[0]:
             raise CheckpointError(
                 f"fp8='keep' stacks gate and up rows, so moe_intermediate_size ({gate.shape[0]}) "
-                f"must be a multiple of the FP8 block ({self.block[0]}); use fp8='dequantize'")
+                f"must be a multiple of the FP8 block ({self.block[0]}); use fp8='dequantize'"
+            )
         if fp8[0] and not keep:
-            gate, up, down = (dequant_block_fp8(w, s, self.dtype, self.block)
-                              for w, s in ((gate, gs), (up, us), (down, ds)))
+            gate, up, down = (
+                dequant_block_fp8(w, s, self.dtype, self.block)
+                for w, s in ((gate, gs), (up, us), (down, ds))
+            )
         w13 = torch.cat([gate, up]).to(self.device)
         stacks["w13"].append((w13, torch.cat([gs, us]).to(self.device) if keep else None))
         stacks["w2"].append((down.to(self.device), ds.to(self.device) if keep else None))

@@ -59,7 +59,7 @@ def to_model_name(ckpt_name: str, prefix: str, cfg: ModelConfig) -> str | Expert
         return ckpt_name
     if not ckpt_name.startswith(prefix):
         return None
-    name = _layer_to_model(ckpt_name[len(prefix):], cfg.mtp_layer)
+    name = _layer_to_model(ckpt_name[len(prefix) :], cfg.mtp_layer)
     m = _EXPERT.match(name)
     if m:
         stack = m.group(1) + (".w2" if m.group(3) == "down" else ".w13")
@@ -75,16 +75,16 @@ def to_ckpt_name(model_name: str, cfg: ModelConfig, prefix: str = PREFIXES[0]) -
         return model_name
     name = model_name
     if name.startswith("mtp."):
-        name = f"layers.{cfg.mtp_layer}." + name[len("mtp."):]
+        name = f"layers.{cfg.mtp_layer}." + name[len("mtp.") :]
     for pattern, repl in _TO_CKPT:
         name = pattern.sub(repl, name)
     return prefix + name
 
 
-def expert_ckpt_names(stack: str, num_experts: int, cfg: ModelConfig,
-                      prefix: str = PREFIXES[0]) -> list[tuple[int, str, str]]:
+def expert_ckpt_names(
+    stack: str, num_experts: int, cfg: ModelConfig, prefix: str = PREFIXES[0]
+) -> list[tuple[int, str, str]]:
     """(expert, part, checkpoint name) for every tensor that forms a stacked expert parameter."""
     base = to_ckpt_name(stack.rsplit(".", 1)[0], cfg, prefix)
     parts = ("down",) if stack.endswith(".w2") else ("gate", "up")
     return [(e, p, f"{base}.{e}.{p}_proj.weight") for e in range(num_experts) for p in parts]
-

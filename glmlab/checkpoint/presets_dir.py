@@ -37,4 +37,6 @@ def resolve_model(spec: str) -> Path:
         return path
     if spec == "tiny" or spec.startswith("slice"):
         return preset_checkpoint(spec)
-    raise FileNotFoundError(f"{spec} is neither a checkpoint directory nor a preset (tiny, slice:N)")
+    raise FileNotFoundError(
+        f"{spec} is neither a checkpoint directory nor a preset (tiny, slice:N)"
+    )

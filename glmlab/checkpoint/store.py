@@ -36,19 +36,23 @@ class TensorStore:
                 raise CheckpointError(f"{index} is not a valid safetensors index: {e}") from e
             for name, file in weight_map.items():
                 if not (self.path / file).is_file():
-                    raise CheckpointError(f"shard {file} (holding {name}) is missing from {self.path}")
+                    raise CheckpointError(
+                        f"shard {file} (holding {name}) is missing from {self.path}"
+                    )
             return dict(weight_map)
         files = sorted(p.name for p in self.path.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"no *.safetensors files in {self.path}")
-        return {name: f for f in files for name in self._open(f).keys()}
+        return {name: f for f in files for name in self._open(f).keys()}  # noqa: SIM118 (safe_open has no __iter__)
 
     def _open(self, file: str):
         if file not in self._handles:
             try:
                 self._handles[file] = safe_open(str(self.path / file), framework="pt")
             except Exception as e:  # safetensors raises SafetensorError / OSError
-                held = next((n for n, f in getattr(self, "location", {}).items() if f == file), None)
+                held = next(
+                    (n for n, f in getattr(self, "location", {}).items() if f == file), None
+                )
                 what = f" (holding {held})" if held else ""
                 raise CheckpointError(f"cannot read {self.path / file}{what}: {e}") from e
         return self._handles[file]
@@ -67,4 +71,6 @@ class TensorStore:
         except CheckpointError:
             raise
         except Exception as e:
-            raise CheckpointError(f"cannot read tensor {name} from {self.location[name]}: {e}") from e
+            raise CheckpointError(
+                f"cannot read tensor {name} from {self.location[name]}: {e}"
+            ) from e

@@ -36,17 +36,20 @@ CHAT_TEMPLATE = (
     "{%- if m['role'] == 'system' -%}<|system|>\n{{ m['content'] }}"
     "{%- elif m['role'] == 'user' -%}<|user|>\n{{ m['content'] }}"
     "{%- elif m['role'] == 'assistant' -%}<|assistant|>\n{{ m['content'] }}"
-    "{%- elif m['role'] == 'tool' or m['role'] == 'observation' -%}<|observation|>\n{{ m['content'] }}"
+    "{%- elif m['role'] in ('tool', 'observation') -%}<|observation|>\n{{ m['content'] }}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant|>\n{%- endif -%}"
+    "{%- if add_generation_prompt %}<|assistant|>\n{% endif -%}"
 )
 
 
 def _bytes_to_unicode() -> dict[int, str]:
     """The printable stand-in character the ByteLevel pre-tokenizer uses for each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     mapping, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -82,8 +85,14 @@ def write_tokenizer_files(out: Path, eos_ids: list[int], pad_id: int | None) -> 
         "clean_up_tokenization_spaces": False,
         "chat_template": CHAT_TEMPLATE,
         "added_tokens_decoder": {
-            str(i): {"content": t, "special": True, "normalized": False, "lstrip": False,
-                     "rstrip": False, "single_word": False}
+            str(i): {
+                "content": t,
+                "special": True,
+                "normalized": False,
+                "lstrip": False,
+                "rstrip": False,
+                "single_word": False,
+            }
             for t, i in TINY_SPECIALS.items()
         },
     }

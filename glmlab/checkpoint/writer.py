@@ -41,6 +41,7 @@ def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
 
 def _random_value(name: str, shape: torch.Size, gen: torch.Generator, device) -> torch.Tensor:
     """A plausible random value for one parameter, chosen by its role (name)."""
+
     def normal(std, mean=0.0):
         return torch.randn(shape, generator=gen, device=device) * std + mean
 
@@ -92,8 +93,9 @@ def _fp8_params(model: GLM5Model) -> set[str]:
     return names
 
 
-def checkpoint_tensors(model: GLM5Model, cfg: ModelConfig, fp8: bool,
-                       dtype: torch.dtype = torch.bfloat16) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_tensors(
+    model: GLM5Model, cfg: ModelConfig, fp8: bool, dtype: torch.dtype = torch.bfloat16
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(checkpoint name, tensor) pairs in the published layout, produced one by one."""
     quantize = _fp8_params(model) if fp8 else set()
     block = cfg.fp8.block if cfg.fp8 else (128, 128)
@@ -130,22 +132,34 @@ def _expert_tensors(name, stack, cfg, quantize, dtype, block):
             yield ckpt, w.detach().to(dtype)
 
 
-def save_checkpoint(model: GLM5Model, cfg: ModelConfig, out: str | Path, fp8: bool = False,
-                    dtype: torch.dtype = torch.bfloat16, max_shard_bytes: int = 5 << 30) -> Path:
+def save_checkpoint(
+    model: GLM5Model,
+    cfg: ModelConfig,
+    out: str | Path,
+    fp8: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    max_shard_bytes: int = 5 << 30,
+) -> Path:
     """Write config.json, safetensors (sharded past ``max_shard_bytes``) and tokenizer files."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(cfg.source)
     if fp8:
-        config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
-                                         "activation_scheme": "dynamic",
-                                         "weight_block_size": list(cfg.fp8.block if cfg.fp8 else (128, 128))}
+        config["quantization_config"] = {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": list(cfg.fp8.block if cfg.fp8 else (128, 128)),
+        }
     else:
         config.pop("quantization_config", None)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     _write_shards(checkpoint_tensors(model, cfg, fp8, dtype), out, max_shard_bytes)
-    write_tokenizer_files(out, list(cfg.eos_token_ids) or [256],
-                          cfg.pad_token_id if cfg.pad_token_id is not None else 256)
+    write_tokenizer_files(
+        out,
+        list(cfg.eos_token_ids) or [256],
+        cfg.pad_token_id if cfg.pad_token_id is not None else 256,
+    )
     return out
 
 
@@ -172,13 +186,18 @@ def _write_shards(tensors, out: Path, max_bytes: int) -> None:
     (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def write_random_checkpoint(config: dict | ModelConfig, out: str | Path, seed: int = 0,
-                            fp8: bool = False, dtype: torch.dtype = torch.bfloat16,
-                            device: str = "cpu", max_shard_bytes: int = 5 << 30) -> Path:
+def write_random_checkpoint(
+    config: dict | ModelConfig,
+    out: str | Path,
+    seed: int = 0,
+    fp8: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cpu",
+    max_shard_bytes: int = 5 << 30,
+) -> Path:
     """A random checkpoint for any config, in the published layout (bf16 or the real FP8 one)."""
     cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
     with torch.device(device):
         model = GLM5Model(cfg)
     init_random_(model.to(torch.float32), seed)
     return save_checkpoint(model, cfg, out, fp8=fp8, dtype=dtype, max_shard_bytes=max_shard_bytes)
-

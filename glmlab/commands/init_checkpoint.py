@@ -23,8 +23,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = write_random_checkpoint(presets.preset(args.preset), args.out, seed=args.seed,
-                                  fp8=args.fp8, dtype=torch.bfloat16, device=args.device,
-                                  max_shard_bytes=int(args.max_shard_gb * (1 << 30)))
+    out = write_random_checkpoint(
+        presets.preset(args.preset),
+        args.out,
+        seed=args.seed,
+        fp8=args.fp8,
+        dtype=torch.bfloat16,
+        device=args.device,
+        max_shard_bytes=int(args.max_shard_gb * (1 << 30)),
+    )
     print(json.dumps({"checkpoint": str(out), "preset": args.preset, "fp8": args.fp8}))
     return 0

@@ -34,9 +34,29 @@ def param_counts(cfg: ModelConfig) -> ParamCounts:
         model = GLM5Model(cfg, with_mtp=cfg.mtp_layer is not None)
     mtp = sum(p.numel() for p in model.mtp.parameters()) if model.mtp is not None else 0
     main = sum(p.numel() for p in model.parameters()) - mtp
-    routed = sum(p.numel() for name, m in model.named_modules()
-                 if isinstance(m, Experts) and not name.startswith("mtp.")
-                 for p in m.parameters())
+    routed = sum(
+        p.numel()
+        for name, m in model.named_modules()
+        if isinstance(m, Experts) and not name.startswith("mtp.")
+        for p in m.parameters()
+    )
     active = main - routed + routed * cfg.moe.top_k // cfg.moe.num_experts
-    return ParamCounts(main=main, mtp=mtp, routed_experts=routed, active=active,
-                       embed=model.embed_tokens.weight.numel(), lm_head=model.lm_head.weight.numel())
+    return ParamCounts(
+        main=main,
+        mtp=mtp,
+        routed_experts=routed,
+        active=active,
+        embed=model.embed_tokens.weight.numel(),
+        lm_head=model.lm_head.weight.numel(),
+    )
+
+
+def layer_table(cfg: ModelConfig) -> list[dict]:
+    """One row per layer: index, attention family, FFN family (the MTP layer last)."""
+    rows = [
+        {"layer": i, "attention": t.value, "ffn": f.value}
+        for i, (t, f) in enumerate(zip(cfg.layer_types, cfg.ffn_types, strict=True))
+    ]
+    if cfg.mtp_layer is not None:
+        rows.append({"layer": cfg.mtp_layer, "attention": "dsa (mtp)", "ffn": "moe (mtp)"})
+    return rows

@@ -1,4 +1,4 @@
-"""The GLM-5.3-Flash text model: embedding -> 4 mHC streams -> decoder layers -> stream mean -> norm.
+"""The GLM-5.3-Flash text model: embedding -> 4 mHC streams -> layers -> stream mean -> norm.
 
 Each decoder layer (MODEL.md section 2.3) runs two mHC sites:
   pre, post, comb = mHC_attn(X);  y = Attn(RMSNorm_in(sum_i pre_i X_i));   X = post (x) y + comb^T X
@@ -6,7 +6,8 @@ Each decoder layer (MODEL.md section 2.3) runs two mHC sites:
 Attn is KDA or DSA and FFN dense or MoE, per ``ModelConfig.layer_types`` / ``ffn_types``.
 
 The model reads a flat token batch and a ``ForwardPlan``; all carried state lives in a
-``ModelCache``. It returns the final normalised hidden states; ``logits`` applies the untied lm_head.
+``ModelCache``. It returns the final normalised hidden states; ``logits`` applies the untied
+lm_head.
 It knows nothing about scheduling, sampling or where weights come from.
 """
 
@@ -28,8 +29,16 @@ from glmlab.model.mtp import MTPLayer
 from glmlab.model.plan import ForwardPlan
 
 # Parameters kept in fp32 whatever the model dtype (transformers keeps the same set in fp32).
-FP32_PARAMS = ("A_log", "dt_bias", "_conv1d", "hc_attn.base", "hc_attn.scale", "hc_ffn.base",
-               "hc_ffn.scale", "e_score_correction_bias")
+FP32_PARAMS = (
+    "A_log",
+    "dt_bias",
+    "_conv1d",
+    "hc_attn.base",
+    "hc_attn.scale",
+    "hc_ffn.base",
+    "hc_ffn.scale",
+    "e_score_correction_bias",
+)
 
 
 class DecoderLayer(nn.Module):
@@ -38,7 +47,9 @@ class DecoderLayer(nn.Module):
         kda = cfg.layer_types[layer_idx] is LayerType.KDA
         self.self_attn = KDAttention(cfg, layer_idx) if kda else DSAttention(cfg, layer_idx)
         dense = cfg.ffn_types[layer_idx] is FfnType.DENSE
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit) if dense else MoE(cfg)
+        self.mlp = (
+            MLP(cfg.hidden_size, cfg.intermediate_size, cfg.swiglu_limit) if dense else MoE(cfg)
+        )
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.hc_attn = HyperConnection(cfg.mhc, cfg.hidden_size, cfg.rms_norm_eps)
@@ -91,9 +102,14 @@ class GLM5Model(nn.Module):
         self.backends = backends
         return self
 
-    def forward(self, input_ids: torch.Tensor, plan: ForwardPlan, cache: ModelCache,
-                capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """input_ids [T] -> (final normalised hidden [T, D], stream means after ``capture_layers``)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        plan: ForwardPlan,
+        cache: ModelCache,
+        capture_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """input_ids [T] -> (final normalised hidden [T, D], stream means after capture_layers)."""
         x = self.embed_tokens(input_ids)
         x = x[:, None, :].expand(-1, self.cfg.mhc.num_streams, -1).contiguous()
         captured = []
@@ -106,8 +122,13 @@ class GLM5Model(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def mtp_forward(self, target_hidden: torch.Tensor, next_ids: torch.Tensor, plan: ForwardPlan,
-                    cache: ModelCache) -> torch.Tensor:
+    def mtp_forward(
+        self,
+        target_hidden: torch.Tensor,
+        next_ids: torch.Tensor,
+        plan: ForwardPlan,
+        cache: ModelCache,
+    ) -> torch.Tensor:
         """MTP hidden [T, D] from the target's final hidden at t and the token at t+1."""
         if self.mtp is None:
             raise RuntimeError("this model was built without its MTP layer")

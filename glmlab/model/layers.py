@@ -1,4 +1,4 @@
-"""Building blocks shared by every layer family: RMSNorm and a linear layer that may hold FP8 weights.
+"""Blocks shared by every layer family: RMSNorm and a linear layer that may hold FP8 weights.
 
 Numerics follow transformers' GLM-5.3-Flash: RMSNorm normalises in fp32 and casts back to the input
 dtype *before* the weight multiply; block-FP8 weights are either dequantised once at load (the
@@ -40,7 +40,7 @@ class Linear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.weight_scale_inv: torch.Tensor | None = None
+        self.register_buffer("weight_scale_inv", None, persistent=False)
         self.block = (128, 128)
 
     @property
@@ -49,7 +49,7 @@ class Linear(nn.Module):
 
     def set_fp8(self, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> None:
         self.weight = nn.Parameter(weight, requires_grad=False)
-        self.register_buffer("weight_scale_inv", scale.float(), persistent=False)
+        self.weight_scale_inv = scale.float()
         self.block = block
 
     def dense_weight(self, dtype: torch.dtype) -> torch.Tensor:

@@ -24,7 +24,11 @@ class HyperConnection(nn.Module):
     def __init__(self, cfg: MHCConfig, hidden_size: int, norm_eps: float):
         super().__init__()
         self.n, self.iters, self.eps, self.norm_eps = (
-            cfg.num_streams, cfg.sinkhorn_iters, cfg.eps, norm_eps)
+            cfg.num_streams,
+            cfg.sinkhorn_iters,
+            cfg.eps,
+            norm_eps,
+        )
         self.fn = nn.Parameter(torch.empty(cfg.proj_dim, cfg.num_streams * hidden_size))
         self.base = nn.Parameter(torch.empty(cfg.proj_dim))
         self.scale = nn.Parameter(torch.empty(3))
@@ -50,8 +54,9 @@ class HyperConnection(nn.Module):
         """u [T, D] = sum_i pre_i X_i (in fp32, cast to the stream dtype)."""
         return (pre[..., None] * streams).sum(dim=1).to(streams.dtype)
 
-    def expand(self, streams: torch.Tensor, y: torch.Tensor, post: torch.Tensor,
-               comb: torch.Tensor) -> torch.Tensor:
+    def expand(
+        self, streams: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    ) -> torch.Tensor:
         """X' [T, N, D] = post (x) y + comb^T X."""
         dt = streams.dtype
         return post.to(dt)[..., None] * y[:, None, :] + comb.to(dt).transpose(-1, -2) @ streams

@@ -41,8 +41,8 @@ class Experts(nn.Module):
                                 requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(m.num_experts, d, m.intermediate_size),
                                requires_grad=False)
-        self.w13_scale: torch.Tensor | None = None
-        self.w2_scale: torch.Tensor | None = None
+        self.register_buffer("w13_scale", None, persistent=False)
+        self.register_buffer("w2_scale", None, persistent=False)
         self.block = (128, 128)
         self.limit = cfg.swiglu_limit
         self.op = torch_ops.moe_experts
@@ -54,8 +54,7 @@ class Experts(nn.Module):
     def set_fp8(self, w13, w13_scale, w2, w2_scale, block: tuple[int, int]) -> None:
         self.w13 = nn.Parameter(w13, requires_grad=False)
         self.w2 = nn.Parameter(w2, requires_grad=False)
-        self.register_buffer("w13_scale", w13_scale.float(), persistent=False)
-        self.register_buffer("w2_scale", w2_scale.float(), persistent=False)
+        self.w13_scale, self.w2_scale = w13_scale.float(), w2_scale.float()
         self.block = block
 
     def forward(self, x, ids, weights):

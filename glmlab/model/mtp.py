@@ -42,8 +42,13 @@ class MTPLayer(nn.Module):
         self.mlp = MoE(cfg)
         self.shared_head = SharedHead(cfg)
 
-    def forward(self, target_hidden: torch.Tensor, next_embeds: torch.Tensor, plan: ForwardPlan,
-                cache: ModelCache) -> torch.Tensor:
+    def forward(
+        self,
+        target_hidden: torch.Tensor,
+        next_embeds: torch.Tensor,
+        plan: ForwardPlan,
+        cache: ModelCache,
+    ) -> torch.Tensor:
         """target_hidden, next_embeds: [T, D] -> normalised MTP hidden [T, D] (feed to lm_head)."""
         x = self.eh_proj(torch.cat([self.enorm(next_embeds), self.hnorm(target_hidden)], dim=-1))
         x = x + self.self_attn(self.input_layernorm(x), plan, cache)

@@ -1,4 +1,4 @@
-"""A model plus its cache for a fixed set of sequences: the smallest harness that runs GLM-5.3-Flash.
+"""A model plus its cache for a fixed set of sequences: the smallest harness that runs the model.
 
 ``Session`` gives each of ``num_seqs`` sequences its own contiguous run of pages and one state slot,
 then lets you feed tokens to any subset of them (a whole prompt, a chunk, or one token each) and
@@ -17,29 +17,44 @@ from glmlab.model.plan import ForwardPlan
 
 
 class Session:
-    def __init__(self, model: GLM5Model, num_seqs: int = 1, max_len: int = 256,
-                 page_size: int = 64, dtypes: CacheDtypes | None = None):
+    def __init__(
+        self,
+        model: GLM5Model,
+        num_seqs: int = 1,
+        max_len: int = 256,
+        page_size: int = 64,
+        dtypes: CacheDtypes | None = None,
+    ):
         self.model = model
         device = model.embed_tokens.weight.device
         pages_per_seq = -(-max_len // page_size)
         self.max_len, self.page_size = pages_per_seq * page_size, page_size
-        self.cache = ModelCache(model.cfg, num_seqs * self.max_len, num_seqs, page_size,
-                                dtypes or CacheDtypes.like(model.dtype), device,
-                                with_mtp=model.mtp is not None)
+        self.cache = ModelCache(
+            model.cfg,
+            num_seqs * self.max_len,
+            num_seqs,
+            page_size,
+            dtypes or CacheDtypes.like(model.dtype),
+            device,
+            with_mtp=model.mtp is not None,
+        )
         self.page_table = torch.arange(num_seqs * pages_per_seq, device=device).view(num_seqs, -1)
         self.lengths = [0] * num_seqs
 
     @torch.inference_mode()
     def forward(self, tokens: dict[int, list[int]]) -> list[torch.Tensor]:
-        """Append ``tokens[seq]`` to each listed sequence; returns each one's hidden states [n, D]."""
+        """Append ``tokens[seq]`` to each listed sequence; return their hidden states [n, D]."""
         seqs = list(tokens)
         new = [len(tokens[s]) for s in seqs]
         for s, n in zip(seqs, new, strict=True):
             if n == 0 or self.lengths[s] + n > self.max_len:
-                raise ValueError(f"sequence {s}: cannot add {n} tokens to {self.lengths[s]} "
-                                 f"(max_len {self.max_len})")
-        plan = ForwardPlan.build(new, [self.lengths[s] for s in seqs], seqs,
-                                 self.page_table[seqs], self.page_size)
+                raise ValueError(
+                    f"sequence {s}: cannot add {n} tokens to {self.lengths[s]} "
+                    f"(max_len {self.max_len})"
+                )
+        plan = ForwardPlan.build(
+            new, [self.lengths[s] for s in seqs], seqs, self.page_table[seqs], self.page_size
+        )
         device = self.page_table.device
         ids = torch.tensor([t for s in seqs for t in tokens[s]], dtype=torch.long, device=device)
         hidden, _ = self.model(ids, plan, self.cache)
@@ -52,8 +67,13 @@ class Session:
         with torch.inference_mode():
             return [self.model.logits(h) for h in self.forward(tokens)]
 
-    def generate(self, seq: int, prompt: list[int], params: SamplingParams,
-                 eos_token_ids: tuple[int, ...] = ()) -> list[int]:
+    def generate(
+        self,
+        seq: int,
+        prompt: list[int],
+        params: SamplingParams,
+        eos_token_ids: tuple[int, ...] = (),
+    ) -> list[int]:
         """Prefill ``prompt`` into sequence ``seq`` then decode one token at a time."""
         if not prompt:
             raise ValueError("prompt is empty")

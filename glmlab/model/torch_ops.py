@@ -22,8 +22,14 @@ def kda_prefill(q, k, v, g, beta, states, cu_seqlens):
     outs, finals = [], []
     for i in range(len(bounds) - 1):
         s, e = bounds[i], bounds[i + 1]
-        o, st = kda_chunk_ref(q[None, s:e], k[None, s:e], v[None, s:e], g[None, s:e],
-                              beta[None, s:e], states[i:i + 1])
+        o, st = kda_chunk_ref(
+            q[None, s:e],
+            k[None, s:e],
+            v[None, s:e],
+            g[None, s:e],
+            beta[None, s:e],
+            states[i : i + 1],
+        )
         outs.append(o[0])
         finals.append(st)
     return torch.cat(outs), torch.cat(finals)
@@ -34,19 +40,29 @@ def kda_decode(q, k, v, g, beta, states):
     return o[:, 0], s
 
 
-def sparse_mla(q: torch.Tensor, cache: ModelCache, layer: int, slot_indices: torch.Tensor,
-               scale: float) -> torch.Tensor:
+def sparse_mla(
+    q: torch.Tensor, cache: ModelCache, layer: int, slot_indices: torch.Tensor, scale: float
+) -> torch.Tensor:
     t_len, _, r = q.shape
     w = max(1, slot_indices.shape[1])
     step = max(1, _GATHER_ELEMS // (w * r))
     out = []
     for s in range(0, t_len, step):
-        idx = slot_indices[s:s + step]
+        idx = slot_indices[s : s + step]
         rows = cache.read_latent(layer, idx.clamp(min=0), torch.float32)  # [t, W, R]
-        out.append(sparse_mla_ref(q[s:s + step], rows, idx >= 0, scale))
+        out.append(sparse_mla_ref(q[s : s + step], rows, idx >= 0, scale))
     return torch.cat(out) if out else q.new_zeros(0, q.shape[1], r, dtype=torch.float32)
 
 
 def moe_experts(x, ids, weights, experts):
-    return moe_experts_ref(x, ids, weights, experts.w13, experts.w2, experts.limit,
-                           experts.w13_scale, experts.w2_scale, experts.block)
+    return moe_experts_ref(
+        x,
+        ids,
+        weights,
+        experts.w13,
+        experts.w2,
+        experts.limit,
+        experts.w13_scale,
+        experts.w2_scale,
+        experts.block,
+    )

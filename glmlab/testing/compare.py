@@ -33,21 +33,29 @@ def diff_stats(ref: torch.Tensor, out: torch.Tensor) -> dict:
     finite = torch.isfinite(r) & torch.isfinite(o)
     d = (o - r).abs().masked_fill(~finite, 0)
     denom = r.masked_fill(~finite, 0).norm().clamp(min=1e-30)
-    cos = torch.nn.functional.cosine_similarity(r[finite].flatten(), o[finite].flatten(), dim=0) \
-        if finite.any() else torch.tensor(1.0)
+    cos = (
+        torch.nn.functional.cosine_similarity(r[finite].flatten(), o[finite].flatten(), dim=0)
+        if finite.any()
+        else torch.tensor(1.0)
+    )
     worst = tuple(int(i) for i in torch.unravel_index(d.argmax(), d.shape)) if d.numel() else ()
-    return {"max_abs": float(d.max()) if d.numel() else 0.0,
-            "max_abs_rel": float(d.max() / r.masked_fill(~finite, 0).abs().max().clamp(min=1e-30))
-            if d.numel() else 0.0,
-            "rel_rms": float((o - r).masked_fill(~finite, 0).norm() / denom),
-            "cos_diff": float(1 - cos), "worst": worst}
+    return {
+        "max_abs": float(d.max()) if d.numel() else 0.0,
+        "max_abs_rel": float(d.max() / r.masked_fill(~finite, 0).abs().max().clamp(min=1e-30))
+        if d.numel()
+        else 0.0,
+        "rel_rms": float((o - r).masked_fill(~finite, 0).norm() / denom),
+        "cos_diff": float(1 - cos),
+        "worst": worst,
+    }
 
 
 def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, recipe: str) -> dict:
     if ref.shape != out.shape:
         raise AssertionError(f"{name}: shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
     if not torch.equal(torch.isnan(ref), torch.isnan(out)) or not torch.equal(
-            torch.isinf(ref), torch.isinf(out)):
+        torch.isinf(ref), torch.isinf(out)
+    ):
         raise AssertionError(f"{name}: inf/NaN positions differ from the reference")
     tol = TOLERANCES[recipe]
     s = diff_stats(ref, out)
@@ -56,18 +64,22 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, recipe: str) -
             f"{name} ({recipe}): rel_rms {s['rel_rms']:.3g} (tol {tol.rel_rms:.3g}), max_abs_rel "
             f"{s['max_abs_rel']:.3g} (tol {tol.max_abs_rel:.3g}), cos_diff {s['cos_diff']:.3g}; "
             f"worst at {s['worst']}: ref {float(ref.double()[s['worst']]):.6g} "
-            f"out {float(out.double()[s['worst']]):.6g}")
+            f"out {float(out.double()[s['worst']]):.6g}"
+        )
     return s
 
 
 def assert_bitwise_equal(name: str, ref: torch.Tensor, out: torch.Tensor) -> None:
     """Exact equality of bytes (for data movement: stores, gathers, packs)."""
     if ref.shape != out.shape or ref.dtype != out.dtype:
-        raise AssertionError(f"{name}: {out.dtype}{tuple(out.shape)} vs {ref.dtype}{tuple(ref.shape)}")
+        raise AssertionError(
+            f"{name}: {out.dtype}{tuple(out.shape)} vs {ref.dtype}{tuple(ref.shape)}"
+        )
     a = ref.contiguous().view(torch.uint8).flatten()
     b = out.contiguous().view(torch.uint8).flatten()
     bad = (a != b).nonzero()
     if bad.numel():
         i = int(bad[0])
-        raise AssertionError(f"{name}: {bad.numel()} bytes differ; first at byte {i}: "
-                             f"{int(a[i])} vs {int(b[i])}")
+        raise AssertionError(
+            f"{name}: {bad.numel()} bytes differ; first at byte {i}: {int(a[i])} vs {int(b[i])}"
+        )

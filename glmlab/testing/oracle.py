@@ -38,27 +38,35 @@ def _import_modeling_without_fla():
 
 
 def _is_torch_fallback(wrapped) -> bool:
-    closure = dict(zip(wrapped.__code__.co_freevars, (c.cell_contents for c in wrapped.__closure__ or ()),
-                       strict=False))
+    closure = dict(
+        zip(
+            wrapped.__code__.co_freevars,
+            (c.cell_contents for c in wrapped.__closure__ or ()),
+            strict=False,
+        )
+    )
     return closure.get("is_new_implementation", False) is False
 
 
 def load_hf_model(path: str | Path, dtype: torch.dtype = torch.float32):
-    """``Glm5NextForConditionalGeneration`` from a checkpoint directory, eager attention, eval mode."""
+    """``Glm5NextForConditionalGeneration`` from a checkpoint directory (eager attention, eval)."""
     from transformers.utils import logging
 
     mod = _import_modeling_without_fla()
     logging.set_verbosity_error()
     model, info = mod.Glm5NextForConditionalGeneration.from_pretrained(
-        str(path), dtype=dtype, attn_implementation="eager", output_loading_info=True)
+        str(path), dtype=dtype, attn_implementation="eager", output_loading_info=True
+    )
     # Only the vision tower (absent from glmlab checkpoints) may be missing, and only the MTP
     # layer (which transformers does not implement) may be left unused.
     text_missing = [k for k in info["missing_keys"] if not k.startswith("model.visual.")]
     mtp = f"model.language_model.layers.{model.config.text_config.num_hidden_layers}."
     text_unused = [k for k in info["unexpected_keys"] if not k.startswith(mtp)]
     if text_missing or text_unused or info.get("mismatched_keys"):
-        raise RuntimeError(f"transformers could not map the checkpoint: missing {text_missing}, "
-                           f"unexpected {text_unused}, mismatched {info.get('mismatched_keys')}")
+        raise RuntimeError(
+            f"transformers could not map the checkpoint: missing {text_missing}, "
+            f"unexpected {text_unused}, mismatched {info.get('mismatched_keys')}"
+        )
     return model.eval()
 
 

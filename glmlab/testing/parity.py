@@ -43,9 +43,11 @@ def selection_margins(model: GLM5Model, ids: list[int]) -> float:
     sparse query of a full forward of ``ids``. Tiny gaps would make top-k tie-breaking (which
     differs between implementations) decide the result, so parity tests require a clear margin."""
     captured: list[tuple[DSAttention, torch.Tensor]] = []
-    hooks = [m.register_forward_pre_hook(lambda mod, args: captured.append((mod, args[0])))
-             for m in model.modules() if isinstance(m, DSAttention) and m is not getattr(
-                 model.mtp, "self_attn", None)]
+    hooks = [
+        m.register_forward_pre_hook(lambda mod, args: captured.append((mod, args[0])))
+        for m in model.modules()
+        if isinstance(m, DSAttention) and m is not getattr(model.mtp, "self_attn", None)
+    ]
     try:
         Session(model, max_len=len(ids)).forward({0: ids})
     finally:
@@ -79,8 +81,9 @@ def _layer_margin(attn: DSAttention, h: torch.Tensor) -> float:
     return margin
 
 
-def compare_logits(path: str | Path, lengths: tuple[int, ...], dtype: torch.dtype = torch.float32,
-                   seed: int = 0) -> list[LogitsDiff]:
+def compare_logits(
+    path: str | Path, lengths: tuple[int, ...], dtype: torch.dtype = torch.float32, seed: int = 0
+) -> list[LogitsDiff]:
     hf = load_hf_model(path, dtype=dtype)
     ours = load_model(path, dtype=dtype)
     rows = []
@@ -89,24 +92,36 @@ def compare_logits(path: str | Path, lengths: tuple[int, ...], dtype: torch.dtyp
         a = Session(ours, max_len=n).logits({0: ids})[0]
         b = hf_logits(hf, ids)
         diff = (a - b).abs()
-        rows.append(LogitsDiff(
-            prompt_len=n, max_abs=float(diff.max()), max_rel=float(diff.max() / b.abs().max()),
-            rel_rms=float((a - b).norm() / b.norm()),
-            argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
-            min_selection_margin=selection_margins(ours, ids)))
+        rows.append(
+            LogitsDiff(
+                prompt_len=n,
+                max_abs=float(diff.max()),
+                max_rel=float(diff.max() / b.abs().max()),
+                rel_rms=float((a - b).norm() / b.norm()),
+                argmax_agree=float((a.argmax(-1) == b.argmax(-1)).float().mean()),
+                min_selection_margin=selection_margins(ours, ids),
+            )
+        )
     return rows
 
 
 @torch.inference_mode()
 def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
     """transformers' own generate(): greedy, its cache, no early stop."""
-    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                      eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    out = hf.generate(
+        torch.tensor([ids]),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(ids) :].tolist()
 
 
-def compare_greedy(path: str | Path, ids: list[int], n: int = 32,
-                   dtype: torch.dtype = torch.float32) -> tuple[list[int], list[int]]:
+def compare_greedy(
+    path: str | Path, ids: list[int], n: int = 32, dtype: torch.dtype = torch.float32
+) -> tuple[list[int], list[int]]:
     hf = load_hf_model(path, dtype=dtype)
     ours = load_model(path, dtype=dtype)
     params = SamplingParams(max_new_tokens=n, ignore_eos=True)

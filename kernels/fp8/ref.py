@@ -13,8 +13,9 @@ FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
 
 
-def dequant_block_fp8(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
-                      block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+def dequant_block_fp8(
+    w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, block: tuple[int, int] = (128, 128)
+) -> torch.Tensor:
     """[N, K] fp8 weight and its block scales -> [N, K] in ``dtype`` (product taken in fp32)."""
     n, k = w.shape[-2:]
     s = scale.float().repeat_interleave(block[0], dim=-2)[..., :n, :]
@@ -22,8 +23,9 @@ def dequant_block_fp8(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
     return (w.float() * s).to(dtype)
 
 
-def quant_block_fp8(w: torch.Tensor, block: tuple[int, int] = (128, 128)
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def quant_block_fp8(
+    w: torch.Tensor, block: tuple[int, int] = (128, 128)
+) -> tuple[torch.Tensor, torch.Tensor]:
     """[..., N, K] weight -> (fp8 weight, fp32 block scales [..., ceil(N/bn), ceil(K/bk)])."""
     *lead, n, k = w.shape
     bn, bk = block
@@ -38,7 +40,7 @@ def quant_block_fp8(w: torch.Tensor, block: tuple[int, int] = (128, 128)
 
 
 def quant_act_fp8(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """[T, K] activations -> (fp8 [T, K], fp32 scales [T, ceil(K/group)]), one per token per group."""
+    """[T, K] activations -> (fp8 [T, K], fp32 scales [T, ceil(K/group)]), per token per group."""
     t, k = x.shape
     xp = torch.nn.functional.pad(x.float(), (0, -k % group)).view(t, -1, group)
     scale = xp.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX

@@ -1,4 +1,4 @@
-"""Torch references for Kimi delta attention (KDA): the specification every KDA kernel is tested against.
+"""Torch references for Kimi delta attention (KDA): the spec every KDA kernel is tested against.
 
 Shapes (kernels/README.md): B batch, T tokens, H heads, K key dim, V value dim, C channels.
 
@@ -26,8 +26,9 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x / torch.sqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-def kda_gate_ref(f: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
-                 lower_bound: float) -> torch.Tensor:
+def kda_gate_ref(
+    f: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float
+) -> torch.Tensor:
     """Log-space decay with a lower bound: g = lower_bound * sigmoid(exp(A_log[h]) * (f + dt_bias)).
 
     Args:
@@ -41,8 +42,9 @@ def kda_gate_ref(f: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor,
     return lower_bound * torch.sigmoid(torch.exp(a_log.float())[:, None] * x)
 
 
-def causal_conv_ref(x: torch.Tensor, weight: torch.Tensor,
-                    state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_conv_ref(
+    x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal depthwise conv1d over time followed by SiLU, carrying the last K-1 inputs.
 
     Args:
@@ -56,12 +58,17 @@ def causal_conv_ref(x: torch.Tensor, weight: torch.Tensor,
         state = x.new_zeros(c, w - 1)
     xx = torch.cat([state.to(x.dtype), x.t()], dim=1)  # [C, W-1+T]
     y = F.conv1d(xx.to(weight.dtype)[None], weight[:, None, :], groups=c)[0]  # [C, T]
-    return F.silu(y).t().to(x.dtype), xx[:, xx.shape[1] - (w - 1):]
+    return F.silu(y).t().to(x.dtype), xx[:, xx.shape[1] - (w - 1) :]
 
 
-def kda_recurrent_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                      beta: torch.Tensor, initial_state: torch.Tensor | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_recurrent_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Step-by-step KDA.
 
     Args:
@@ -82,15 +89,22 @@ def kda_recurrent_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     return torch.stack(out, dim=1), s
 
 
-def kda_chunk_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                  beta: torch.Tensor, initial_state: torch.Tensor | None = None,
-                  chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def kda_chunk_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked KDA: same arguments and results as ``kda_recurrent_ref``.
 
     Inside a chunk, with G_t the cumulative log decay since the chunk start (per key channel),
     the corrected values U solve the unit-lower-triangular system
 
-        (I + diag(beta) A) U = diag(beta) (V - (exp(G) * K) S0),   A_ts = sum_c k_t k_s e^{G_t - G_s}, s < t
+        (I + diag(beta) A) U = diag(beta) (V - (exp(G) * K) S0)
+        A_ts = sum_c k_t[c] k_s[c] e^{G_t[c] - G_s[c]}  for s < t
 
     after which o_t = (exp(G_t) * q_t) S0 + sum_{s<=t} (q_t . k_s e^{G_t - G_s}) u_s and
     S_end = exp(G_C) * S0 + sum_s (k_s e^{G_C - G_s}) u_s^T. Differences of G are formed before the

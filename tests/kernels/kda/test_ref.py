@@ -1,4 +1,4 @@
-"""The two KDA references agree with each other and with fla's naive functions (an outside oracle)."""
+"""The two KDA references agree with each other and with fla's naive functions (outside oracle)."""
 
 from __future__ import annotations
 
@@ -27,12 +27,15 @@ def _inputs(b, t, h, k, v, seed=0, strong_decay=False):
     return q, kk, vv, gate, beta, s0
 
 
-@pytest.mark.parametrize("b,t,h,k,v,chunk,strong", [
-    pytest.param(1, 64, 2, 16, 16, 64, False, id="one-chunk"),
-    pytest.param(2, 100, 2, 16, 8, 32, False, id="ragged-tail"),
-    pytest.param(1, 5, 3, 8, 8, 64, False, id="shorter-than-chunk"),
-    pytest.param(1, 130, 1, 32, 32, 64, True, id="strong-decay"),
-])
+@pytest.mark.parametrize(
+    "b,t,h,k,v,chunk,strong",
+    [
+        pytest.param(1, 64, 2, 16, 16, 64, False, id="one-chunk"),
+        pytest.param(2, 100, 2, 16, 8, 32, False, id="ragged-tail"),
+        pytest.param(1, 5, 3, 8, 8, 64, False, id="shorter-than-chunk"),
+        pytest.param(1, 130, 1, 32, 32, 64, True, id="strong-decay"),
+    ],
+)
 def test_chunk_matches_recurrent(b, t, h, k, v, chunk, strong):
     q, kk, vv, g, beta, s0 = _inputs(b, t, h, k, v, strong_decay=strong)
     o_r, s_r = kda_recurrent_ref(q, kk, vv, g, beta, s0)
@@ -54,8 +57,9 @@ def test_against_fla_naive():
     naive = pytest.importorskip("fla.ops.kda.naive")
     q, kk, vv, g, beta, s0 = _inputs(2, 48, 2, 16, 16, seed=7)
     # fla applies the scale itself: pass unscaled q and scale=K^-0.5
-    o_f, s_f = naive.naive_recurrent_kda(q * 16**0.5, kk, vv, g, beta, scale=16**-0.5,
-                                         initial_state=s0, output_final_state=True)
+    o_f, s_f = naive.naive_recurrent_kda(
+        q * 16**0.5, kk, vv, g, beta, scale=16**-0.5, initial_state=s0, output_final_state=True
+    )
     o_c, s_c = kda_chunk_ref(q, kk, vv, g, beta, s0, chunk_size=16)
     assert_close("kda vs fla o", o_f, o_c, "fp32_chunk")
     assert_close("kda vs fla state", s_f, s_c, "fp32_chunk")
@@ -84,5 +88,5 @@ def test_causal_conv_state_carry():
     assert_close("conv", y_full, torch.cat([y1, y2, y3]), "fp32")
     # direct definition: y[t, c] = silu(sum_i w[c, i] x[t - 3 + i, c]) with zeros before t = 0
     xp = torch.cat([torch.zeros(3, 6), x])
-    direct = torch.stack([(xp[t:t + 4].t() * w).sum(-1) for t in range(20)])
+    direct = torch.stack([(xp[t : t + 4].t() * w).sum(-1) for t in range(20)])
     assert_close("conv direct", torch.nn.functional.silu(direct), y_full, "fp32")
