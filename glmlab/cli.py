@@ -10,7 +10,10 @@ COMMANDS = {
     "init-checkpoint": "glmlab.commands.init_checkpoint",
     "generate": "glmlab.commands.generate",
     "parity": "glmlab.commands.parity",
+    "tune": "glmlab.commands.tune",
     "bench": "glmlab.commands.bench",
+    "serve": "glmlab.commands.serve",
+    "budget": "glmlab.commands.budget",
 }
 
 

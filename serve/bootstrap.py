@@ -135,8 +135,10 @@ class RoomTable:
 
 
 def bootstrap_app(info: Callable[[], PeerInfo], register: Callable[[PeerInfo], Awaitable[None]],
-                  rooms: RoomTable) -> FastAPI:
-    """The prefill worker's listener, served on its bootstrap port."""
+                  rooms: RoomTable, on_cancel: Callable[[int, str], Awaitable[dict]]) -> FastAPI:
+    """The prefill worker's listener, served on its bootstrap port. ``on_cancel`` answers
+    whether the room's WRITE was already posted (then decode must wait for its notification
+    before reusing the pages)."""
     app = FastAPI(title="glmlab bootstrap", docs_url=None, redoc_url=None)
 
     @app.get("/health")
@@ -173,7 +175,7 @@ def bootstrap_app(info: Callable[[], PeerInfo], register: Callable[[PeerInfo], A
     @app.delete("/rooms/{room}")
     async def delete_room(room: int, reason: str = "aborted") -> dict:
         rooms.cancel(room, reason)
-        return {"status": "cancelled"}
+        return await on_cancel(room, reason)
 
     return app
 
@@ -217,9 +219,14 @@ class BootstrapClient:
         if r.status_code != 200:
             raise RuntimeError(f"prefill at {base} refused room {msg.room}: {r.text}")
 
-    async def cancel_room(self, base: str, room: int, reason: str) -> None:
-        with contextlib.suppress(httpx.HTTPError):  # the prefill may be what failed
-            await self._http.delete(f"{base}/rooms/{room}", params={"reason": reason})
+    async def cancel_room(self, base: str, room: int, reason: str) -> dict | None:
+        """The prefill's answer ({"posted": bool}), or None when it does not answer."""
+        with contextlib.suppress(httpx.HTTPError, ValueError):  # the prefill may be what failed
+            r = await self._http.delete(f"{base}/rooms/{room}", params={"reason": reason},
+                                        timeout=5.0)
+            if r.status_code == 200:
+                return r.json()
+        return None
 
     async def alive(self, base: str) -> bool:
         try:

@@ -94,7 +94,6 @@ class ServeConfig:
     decode_ep_size: int = 1
     launch_hosts: tuple[str, ...] = ()  # hosts whose instances this node launches; default: all
     launch_router: bool = True
-    dtype: str = "fp32"  # fp32 | bf16 weights and activations
     router_policy: str = "round_robin"  # random | round_robin | cache_aware | power_of_two
     router_metrics_port: int = 0  # 0: port + 90
     request_timeout_s: float = 600.0
@@ -109,8 +108,6 @@ class ServeConfig:
             raise ValueError("PD mode needs at least one prefill and one decode instance")
         if self.mode is Mode.MIXED and self.num_mixed < 1:
             raise ValueError("mixed mode needs at least one instance")
-        if self.dtype not in ("fp32", "bf16"):
-            raise ValueError(f"dtype must be fp32 or bf16, got {self.dtype!r}")
         for name, n in (("prefill_hosts", self.num_prefill), ("prefill_ports", self.num_prefill),
                         ("bootstrap_ports", self.num_prefill), ("decode_hosts", self.num_decode),
                         ("decode_ports", self.num_decode), ("mixed_ports", self.num_mixed)):
@@ -170,7 +167,6 @@ class WorkerConfig:
     spec: InstanceSpec
     model_dir: str
     served_model_name: str
-    dtype: str = "fp32"
     torch_threads: int = 1
     engine: dict = field(default_factory=dict)  # the role's engine options, by field name
     transfer: TransferConfig = field(default_factory=TransferConfig)

@@ -71,6 +71,11 @@ class Service:
         try:
             specs = self.cfg.launched_here()
             for spec in specs:
+                if spec.tp_size > 1 or spec.ep_size > 1:
+                    raise ServiceError(f"{spec.name}: tp_size {spec.tp_size} / ep_size "
+                                       f"{spec.ep_size} is expressible in the layout but the "
+                                       "engine runs one device per instance for now")
+            for spec in specs:
                 self._spawn_worker(spec)
             for child in list(self.children):
                 self._say(f"waiting for {child.name} at {child.url} ...")
@@ -87,11 +92,11 @@ class Service:
 
     def _spawn_worker(self, spec: InstanceSpec) -> None:
         wc = WorkerConfig(spec=spec, model_dir=str(self.model_dir),
-                          served_model_name=self.served_model_name, dtype=self.cfg.dtype,
+                          served_model_name=self.served_model_name,
                           torch_threads=self.cfg.torch_threads,
                           engine=self.engine_options.get(spec.role, {}),
                           transfer=self.cfg.transfer)
-        argv = [sys.executable, "-m", "glmlab.serve.worker", "--config", wc.to_json()]
+        argv = [sys.executable, "-m", "glmlab.serve.server", "--config", wc.to_json()]
         env = self.cfg.transfer.ucx_env() if spec.role is not Role.MIXED else {}
         self._spawn(spec.name, argv, spec.url, env)
 

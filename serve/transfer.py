@@ -131,7 +131,9 @@ class TransferAgent:
         from nixl_cu13._api import nixl_agent, nixl_agent_config
 
         self.name = name
-        self._agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        # no progress thread: it spins a core; the engine thread polls the agent instead
+        self._agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False,
+                                                         backends=["UCX"]))
         if "UCX" not in self._agent.backends:
             raise TransferError("NIXL has no UCX backend on this machine")
         live = [t for t in tensors.values() if t.numel()]

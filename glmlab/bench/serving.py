@@ -90,16 +90,22 @@ def build_requests(cfg: BenchConfig, tok: Tokenizer) -> list[BenchRequest]:
 
 async def _server_facts(cfg: BenchConfig) -> tuple[str, str, object]:
     """(model name, tokenizer directory, server info) as the server describes itself."""
-    status, models = await get_json(cfg.url, "/v1/models")
+    try:
+        status, models = await get_json(cfg.url, "/v1/models")
+    except OSError as e:
+        raise ValueError(f"cannot reach {cfg.url}: {e}") from e
     if status != 200:
-        raise RuntimeError(f"{cfg.url}/v1/models answered {status}: is the server up?")
+        raise ValueError(f"{cfg.url}/v1/models answered {status}: is the server up?")
     model = cfg.model or models["data"][0]["id"]
     tokenizer = cfg.tokenizer
     if not tokenizer:
-        _, info = await get_json(cfg.url, "/model_info")
-        tokenizer = (info or {}).get("tokenizer_path") or (info or {}).get("model_path") or ""
+        for path in ("/model_info", "/get_model_info"):  # a router serves only the second
+            status, info = await get_json(cfg.url, path)
+            if status == 200 and isinstance(info, dict):
+                tokenizer = info.get("tokenizer_path") or info.get("model_path") or ""
+                break
     if not tokenizer or not Path(tokenizer).is_dir():
-        raise RuntimeError(f"no local tokenizer directory (got {tokenizer!r}): pass --tokenizer")
+        raise ValueError(f"no local tokenizer directory (got {tokenizer!r}): pass --tokenizer")
     _, server = await get_json(cfg.url, "/get_server_info")
     return model, tokenizer, server
 

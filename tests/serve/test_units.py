@@ -1,0 +1,116 @@
+"""The serving pieces that need no running process: config layouts, router argv, schemas, text."""
+
+from __future__ import annotations
+
+import pytest
+
+from glmlab.bench.client import RequestResult
+from glmlab.bench.metrics import meets_slo, summarize
+from glmlab.bench.workloads import shared_prefix_requests
+from glmlab.checkpoint.presets_dir import preset_checkpoint
+from glmlab.serve.config import Mode, Role, ServeConfig, WorkerConfig
+from glmlab.serve.router import router_argv
+from glmlab.serve.schemas import (
+    GenerateBody,
+    RequestError,
+    from_generate,
+)
+from glmlab.serve.textstream import TextStream
+from glmlab.tokenizer import Tokenizer
+
+
+def test_default_layout_is_1p1d_on_loopback():
+    cfg = ServeConfig()
+    specs = cfg.layout()
+    assert [(s.role, s.host, s.port, s.bootstrap_port) for s in specs] == [
+        (Role.PREFILL, "127.0.0.1", 31000, 8998), (Role.DECODE, "127.0.0.1", 31500, None)]
+    argv = router_argv(cfg, specs)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert "--pd-disaggregation" in argv
+    i = argv.index("--prefill")
+    assert argv[i + 1: i + 3] == ["http://127.0.0.1:31000", "8998"]
+
+
+def test_seed_3p1d_two_node_layout_is_expressible():
+    a, b = "192.0.2.10", "192.0.2.11"
+    cfg = ServeConfig(num_prefill=3, prefill_hosts=(a, a, b), prefill_ports=(31000, 31001, 31000),
+                      bootstrap_ports=(8998, 8999, 8998), decode_hosts=(b,), decode_ports=(31500,),
+                      prefill_devices=("cuda:0-3", "cuda:4-7", "cuda:0-3"),
+                      decode_devices=("cuda:4-7",), prefill_tp_size=4, decode_tp_size=4,
+                      decode_ep_size=4, host=a, launch_hosts=(a,))
+    assert [s.name for s in cfg.launched_here()] == ["prefill0", "prefill1"]
+    argv = router_argv(cfg, cfg.layout())
+    assert argv.count("--prefill") == 3 and argv.count("--decode") == 1
+    assert f"http://{b}:31500" in argv
+    cfg_b = ServeConfig(**{**cfg.__dict__, "launch_hosts": (b,)})
+    assert [s.name for s in cfg_b.launched_here()] == ["prefill2", "decode0"]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_prefill=0), "at least one prefill"),
+    (dict(prefill_ports=(1, 2)), "lists 2 values for 1"),
+    (dict(prefill_ports=(31500,)), "both use 127.0.0.1:31500"),
+    (dict(mode="nope"), "nope"),
+])
+def test_bad_layouts_fail_with_a_message(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ServeConfig(**kwargs)
+
+
+def test_mixed_mode_and_worker_config_round_trip():
+    cfg = ServeConfig(mode="mixed", num_mixed=2)
+    assert cfg.mode is Mode.MIXED and [s.role for s in cfg.layout()] == [Role.MIXED] * 2
+    assert "--worker-urls" in router_argv(cfg, cfg.layout())
+    wc = WorkerConfig(spec=cfg.layout()[1], model_dir="/m", served_model_name="x",
+                      engine={"page_size": 16})
+    assert WorkerConfig.from_json(wc.to_json()) == wc
+
+
+def test_generate_schema_reduces_and_rejects():
+    req = from_generate(GenerateBody.model_validate({
+        "text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 3, "stop": "x"},
+        "bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 7,
+        "log_metrics": True}))
+    assert req.params.max_new_tokens == 3 and req.params.stop == ("x",)
+    assert req.bootstrap.room == 7
+    with pytest.raises(RequestError, match="frequency_penalty"):
+        from_generate(GenerateBody.model_validate(
+            {"text": "a", "sampling_params": {"frequency_penalty": 0.5}}))
+    with pytest.raises(RequestError, match="exactly one"):
+        from_generate(GenerateBody.model_validate({"text": "a", "input_ids": [1]}))
+
+
+def test_text_stream_holds_partial_utf8_and_trims_stop_strings():
+    tok = Tokenizer.from_dir(preset_checkpoint("tiny"))
+    ids = tok.encode("héllo wörld")
+    s = TextStream(tok.decode)
+    out = "".join(s.add([i]) for i in ids)
+    assert out == "héllo wörld" and "\ufffd" not in out
+    s = TextStream(tok.decode, stops=("wö",))
+    out = "".join(s.add([i]) for i in ids)
+    assert out == "héllo " and s.matched_stop == "wö"
+    s = TextStream(tok.decode, stops=("wö",), keep_stop=True)
+    assert "".join(s.add([i]) for i in ids) == "héllo wö"
+
+
+def test_shared_prefix_workload_and_metrics():
+    tok = Tokenizer.from_dir(preset_checkpoint("tiny"))
+    reqs = shared_prefix_requests(tok, 2, 3, 40, 8, 5, seed=1, as_ids=True)
+    assert len(reqs) == 6 and {r.group for r in reqs} == {0, 1}
+    by_group = {}
+    for r in reqs:
+        by_group.setdefault(r.group, []).append(r.input_ids[: r.shared_len])
+        assert r.prompt_len == 40 + len(tok.encode("\n\n")) + 8 and r.output_len == 5
+    assert all(len(set(v)) == 1 for v in by_group.values())
+    text = shared_prefix_requests(tok, 1, 2, 40, 8, 5, seed=1)
+    assert text[0].text and abs(text[0].prompt_len - 50) <= 2
+    ok = [RequestResult(True, "", 10, 5, 2, 0.1, 0.5, [0.1] * 4, 0.0, [0.1, 0.2]),
+          RequestResult(True, "", 10, 3, 0, 0.3, 0.5, [0.1] * 2, 0.1, [0.4])]
+    s = summarize(ok + [RequestResult(error="boom")], duration_s=1.0)
+    assert s["completed"] == 2 and s["failed"] == 1 and s["total_output_tokens"] == 8
+    assert s["mean_ttft_ms"] == pytest.approx(200.0) and s["mean_tpot_ms"] == pytest.approx(100.0)
+    assert s["cache_hit_rate"] == pytest.approx(0.1) and s["max_concurrency_observed"] == 2
+    assert not meets_slo(s, 1000, 1000)
+    s = summarize(ok, 1.0)
+    assert meets_slo(s, 250, 100) and not meets_slo(s, 150, 100)
