@@ -53,7 +53,11 @@ MOE_EXPERTS = Registry("moe_experts")
 KDA_PREFILL.add("torch", "glmlab.model.torch_ops:kda_prefill")
 KDA_DECODE.add("torch", "glmlab.model.torch_ops:kda_decode")
 SPARSE_MLA.add("torch", "glmlab.model.torch_ops:sparse_mla")
+SPARSE_MLA.add("tilelang", "glmlab.kernels.dsa.sparse_mla_tilelang:sparse_mla")
 MOE_EXPERTS.add("torch", "glmlab.model.torch_ops:moe_experts")
+KDA_PREFILL.add("fla", "glmlab.kernels.kda.fla_backend:kda_prefill_fla")
+KDA_DECODE.add("fla", "glmlab.kernels.kda.fla_backend:kda_decode_fla")
+MOE_EXPERTS.add("triton", "glmlab.kernels.moe.fused_moe:moe_experts_triton")
 
 
 @dataclass(frozen=True)

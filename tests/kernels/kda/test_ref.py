@@ -5,26 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmlab.kernels.kda.ref import (
-    causal_conv_ref,
-    kda_chunk_ref,
-    kda_gate_ref,
-    kda_recurrent_ref,
-    l2norm,
-)
+from glmlab.kernels.kda.ref import causal_conv_ref, kda_chunk_ref, kda_gate_ref, kda_recurrent_ref
 from glmlab.testing.compare import assert_close
-
-
-def _inputs(b, t, h, k, v, seed=0, strong_decay=False):
-    g = torch.Generator().manual_seed(seed)
-    q = l2norm(torch.randn(b, t, h, k, generator=g)) * k**-0.5
-    kk = l2norm(torch.randn(b, t, h, k, generator=g))
-    vv = torch.randn(b, t, h, v, generator=g)
-    scale = 5.0 if strong_decay else 0.3
-    gate = -torch.rand(b, t, h, k, generator=g) * scale
-    beta = torch.rand(b, t, h, generator=g)
-    s0 = torch.randn(b, h, k, v, generator=g) * 0.5
-    return q, kk, vv, gate, beta, s0
 
 
 @pytest.mark.parametrize(
@@ -36,16 +18,16 @@ def _inputs(b, t, h, k, v, seed=0, strong_decay=False):
         pytest.param(1, 130, 1, 32, 32, 64, True, id="strong-decay"),
     ],
 )
-def test_chunk_matches_recurrent(b, t, h, k, v, chunk, strong):
-    q, kk, vv, g, beta, s0 = _inputs(b, t, h, k, v, strong_decay=strong)
+def test_chunk_matches_recurrent(make_kda_case, b, t, h, k, v, chunk, strong):
+    q, kk, vv, g, beta, s0 = make_kda_case(b, t, h, k, v, strong_decay=strong)
     o_r, s_r = kda_recurrent_ref(q, kk, vv, g, beta, s0)
     o_c, s_c = kda_chunk_ref(q, kk, vv, g, beta, s0, chunk_size=chunk)
     assert_close("kda o", o_r, o_c, "fp32_chunk")
     assert_close("kda state", s_r, s_c, "fp32_chunk")
 
 
-def test_split_sequences_carry_state():
-    q, kk, vv, g, beta, s0 = _inputs(1, 90, 2, 16, 16, seed=3)
+def test_split_sequences_carry_state(make_kda_case):
+    q, kk, vv, g, beta, s0 = make_kda_case(1, 90, 2, 16, 16, seed=3)
     o_full, s_full = kda_chunk_ref(q, kk, vv, g, beta, s0)
     o1, s1 = kda_chunk_ref(q[:, :37], kk[:, :37], vv[:, :37], g[:, :37], beta[:, :37], s0)
     o2, s2 = kda_recurrent_ref(q[:, 37:], kk[:, 37:], vv[:, 37:], g[:, 37:], beta[:, 37:], s1)
@@ -53,9 +35,9 @@ def test_split_sequences_carry_state():
     assert_close("kda split state", s_full, s2, "fp32_chunk")
 
 
-def test_against_fla_naive():
+def test_against_fla_naive(make_kda_case):
     naive = pytest.importorskip("fla.ops.kda.naive")
-    q, kk, vv, g, beta, s0 = _inputs(2, 48, 2, 16, 16, seed=7)
+    q, kk, vv, g, beta, s0 = make_kda_case(2, 48, 2, 16, 16, seed=7)
     # fla applies the scale itself: pass unscaled q and scale=K^-0.5
     o_f, s_f = naive.naive_recurrent_kda(
         q * 16**0.5, kk, vv, g, beta, scale=16**-0.5, initial_state=s0, output_final_state=True
