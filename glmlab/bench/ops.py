@@ -20,7 +20,10 @@ from pathlib import Path
 import torch
 
 # op name -> "module:function"; each function takes the parsed argparse namespace.
-OPS: dict[str, str] = {}
+OPS: dict[str, str] = {
+    "model": "glmlab.bench.model:run",
+}
+OPS["moe"] = "glmlab.bench.ops_moe:run"
 
 
 def register(name: str, target: str) -> None:
