@@ -57,8 +57,12 @@ def run(argv: list[str]) -> list[dict]:
     rows, reference = [], {}
     for kda in args.backends.split(","):
         model.use_backends(Backends(kda=kda))
-        base = {"model": str(path), "dtype": args.dtype, "device": args.device,
-                "backends": model.backends.describe()}
+        base = {
+            "model": str(path),
+            "dtype": args.dtype,
+            "device": args.device,
+            "backends": model.backends.describe(),
+        }
         for n in lens:
             ids = prompt_ids(n, 0, vocab=256)
             session = Session(model, max_len=n + 8)
@@ -67,19 +71,35 @@ def run(argv: list[str]) -> list[dict]:
             logits, ms = _timed(lambda s=session, ids=ids: s.logits({0: ids})[0], args.device)
             last = logits[-1].float().cpu()
             ref = reference.setdefault(n, last)
-            rows.append({**base, "phase": "prefill", "tokens": n, "ms": ms,
-                         "tok_per_s": n / ms * 1e3,
-                         "rel_diff_vs_first_backend": float((last - ref).norm() / ref.norm())})
+            rows.append(
+                {
+                    **base,
+                    "phase": "prefill",
+                    "tokens": n,
+                    "ms": ms,
+                    "tok_per_s": n / ms * 1e3,
+                    "rel_diff_vs_first_backend": float((last - ref).norm() / ref.norm()),
+                }
+            )
         for b in batches:
             session = Session(model, num_seqs=b, max_len=64 + args.decode_steps + 1)
             session.logits({i: prompt_ids(64, i) for i in range(b)})
             times = []
             for _ in range(args.decode_steps):
-                _, ms = _timed(lambda s=session: s.logits({i: [1] for i in range(b)}), args.device)
+                step = {i: [1] for i in range(b)}
+                _, ms = _timed(lambda s=session, step=step: s.logits(step), args.device)
                 times.append(ms)
             ms = sorted(times)[len(times) // 2]
-            rows.append({**base, "phase": "decode", "batch": b, "context": 64, "ms": ms,
-                         "tok_per_s": b / ms * 1e3})
+            rows.append(
+                {
+                    **base,
+                    "phase": "decode",
+                    "batch": b,
+                    "context": 64,
+                    "ms": ms,
+                    "tok_per_s": b / ms * 1e3,
+                }
+            )
     for r in rows:
         print(r)
     return rows

@@ -31,8 +31,12 @@ def register(name: str, target: str) -> None:
 
 
 def machine() -> dict:
-    info = {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    info = {
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     try:
         import triton
 
@@ -41,8 +45,12 @@ def machine() -> dict:
         pass
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        info.update(gpu=p.name, sm=f"{p.major}{p.minor}", gpu_mem_gb=round(p.total_memory / 2**30, 1),
-                    cuda=torch.version.cuda)
+        info.update(
+            gpu=p.name,
+            sm=f"{p.major}{p.minor}",
+            gpu_mem_gb=round(p.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
     return info
 
 
@@ -51,7 +59,9 @@ def bench_us(fn: Callable[[], object], warmup: int = 5, rep: int = 20) -> float:
     if torch.cuda.is_available():
         import triton.testing
 
-        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")) * 1e3
+        return (
+            float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")) * 1e3
+        )
     import time
 
     for _ in range(warmup):
