@@ -173,8 +173,9 @@ class EngineAdapter:
                 "token_usage": used / max(1, u.pages_total),
                 "pages_used": used, "pages_total": u.pages_total,
                 "pages_tree": u.pages_tree, "pages_evictable": u.pages_evictable,
-                "state_slots_used": u.slots_total - u.slots_free, "state_slots_total":
-                u.slots_total, "cache_hit_rate": self.engine.cache.stats.hit_rate,
+                "state_slots_used": u.slots_total - u.slots_free,
+                "state_slots_total": u.slots_total, "state_checkpoints": u.checkpoints,
+                "cache_hit_rate": self.engine.cache.stats.hit_rate,
                 "cached_tokens_total": self.engine.cache.stats.cached_tokens}
 
     def leak_check(self) -> str:

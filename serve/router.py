@@ -11,6 +11,7 @@ supervisor's job.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 import urllib.error
@@ -41,6 +42,18 @@ def router_argv(cfg: ServeConfig, instances: list[InstanceSpec]) -> list[str]:
         if s.role is Role.DECODE:
             argv += ["--decode", s.url]
     return argv
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports nothing listens on right now (for tests and notebooks)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:

@@ -76,6 +76,24 @@ class BenchConfig:
         return bool(self.slo_ttft_ms or self.slo_tpot_ms)
 
 
+SEED_PREFIX_RATIOS = (0.0, 0.5, 0.9375)  # the seed's 3P1D workloads: 0%, 50%, 93.75% shared
+
+
+def shared_prefix_ladder(base: BenchConfig, prompt_len: int, output_len: int,
+                         ratios: tuple[float, ...] = SEED_PREFIX_RATIOS,
+                         ) -> list[tuple[str, BenchConfig]]:
+    """The seed's shared-prefix workloads (64K in / 1K out at 0, 50 and 93.75 % shared) scaled to
+    ``prompt_len`` / ``output_len``: system prompt = ratio x prompt, question = the rest."""
+    out = []
+    for r in ratios:
+        system = round(prompt_len * r)
+        out.append((f"{r:.2%} shared", replace(
+            base, dataset_name="generated-shared-prefix", gsp_system_prompt_len=system,
+            gsp_question_len=prompt_len - system, gsp_output_len=output_len,
+            tag=f"{base.tag}prefix{r:g}")))
+    return out
+
+
 def build_requests(cfg: BenchConfig, tok: Tokenizer) -> list[BenchRequest]:
     if cfg.dataset_name == "random":
         return random_requests(tok, cfg.num_prompts or 16, cfg.random_input_len,

@@ -1,0 +1,130 @@
+"""1P1D behind sglang-router (NIXL over UCX TCP) against the mixed role and `glmlab generate`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+
+from glmlab.bench.client import run_load
+from glmlab.bench.workloads import BenchRequest
+from glmlab.checkpoint.presets_dir import preset_checkpoint
+from glmlab.cli import main as glmlab_main
+from glmlab.config import ModelConfig
+from tests.serve.conftest import ENGINE, PAGE, http, sse_events
+
+PROMPT = [(i * 37 + 11) % 250 for i in range(70)]  # 70 tokens: 5 pages of 16
+
+
+def generate(url: str, ids: list[int], n: int, **extra) -> dict:
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0,
+                                                  "ignore_eos": True}, **extra}
+    status, out = http(f"{url}/generate", body)
+    assert status == 200, out
+    return out
+
+
+def cli_generate(ids: list[int], n: int) -> list[int]:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert glmlab_main(["generate", "--model", "tiny", "--prompt-ids",
+                            ",".join(map(str, ids)), "--max-new-tokens", str(n),
+                            "--ignore-eos", "--json", "--page-size", str(ENGINE["page_size"])]) == 0
+    return json.loads(buf.getvalue().strip().splitlines()[-1])["output_ids"]
+
+
+def test_pd_greedy_tokens_match_mixed_and_glmlab_generate(pd, mixed):
+    via_router = generate(pd.url, PROMPT, 12)
+    direct = generate(mixed.children[0].url, PROMPT, 12)
+    assert via_router["output_ids"] == direct["output_ids"] == cli_generate(PROMPT, 12)
+    assert via_router["meta_info"]["completion_tokens"] == 12
+    assert via_router["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+
+
+def _page_bytes_and_state_bytes() -> tuple[int, int]:
+    """From the model config alone: fp32 cache rows of the tiny model per page, per request."""
+    cfg = ModelConfig.from_hf(preset_checkpoint("tiny"))
+    d, k = cfg.dsa, cfg.kda
+    dsa_layers = len(cfg.dsa_layers) + (cfg.mtp_layer is not None)
+    per_token = dsa_layers * (d.kv_lora_rank * 4 + d.index_head_dim * 4 // d.index_kpool)
+    state = dsa_layers * d.index_kpool * 2 * d.index_head_dim * 4
+    state += len(cfg.kda_layers) * (k.conv_channels * (k.conv_kernel - 1)
+                                    + k.num_heads * k.head_dim * k.head_dim) * 4
+    return per_token * PAGE, state + 4 * 8  # + the aux row (4 float64)
+
+
+def test_shared_prefix_transfers_only_missing_pages(pd):
+    page_bytes, fixed = _page_bytes_and_state_bytes()
+    decode_url = pd.worker("decode0").url
+    prefill_url = pd.worker("prefill0").url
+    sent0 = http(f"{prefill_url}/server_info")[1]["internal_states"][0]["transfer_bytes_sent"]
+    prefix = [(i * 13 + 5) % 250 for i in range(4 * PAGE)]  # 4 whole pages
+    first = generate(pd.url, prefix + [7] * 20, 4)["meta_info"]["pd_transfer"]
+    second = generate(pd.url, prefix + [9] * 30, 4)["meta_info"]["pd_transfer"]
+    assert first["decode_prefix_len"] == 0 and first["pages"] == 6  # ceil(84 / 16)
+    assert first["bytes"] == 6 * page_bytes + fixed
+    assert second["decode_prefix_len"] == 4 * PAGE and second["pages"] == 2  # ceil(94/16) - 4
+    assert second["bytes"] == 2 * page_bytes + fixed
+    sent1 = http(f"{prefill_url}/server_info")[1]["internal_states"][0]["transfer_bytes_sent"]
+    assert sent1 - sent0 == first["bytes"] + second["bytes"]  # what NIXL carried, prefill side
+    info = http(f"{decode_url}/server_info")[1]
+    assert info["internal_states"][0]["cache_hit_rate"] > 0
+
+
+def test_streaming_through_the_router(pd):
+    full = generate(pd.url, PROMPT, 6)["output_ids"]
+    status, text = http(f"{pd.url}/generate", {
+        "input_ids": PROMPT, "stream": True,
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}})
+    assert status == 200
+    events = sse_events(text)
+    assert events[-1] == "[DONE]" and len(events) >= 7  # one chunk per token, then [DONE]
+    ids = [e["output_ids"] for e in events[:-1]]
+    assert [len(x) for x in ids] == list(range(1, 7)) and ids[-1] == full
+    assert events[-2]["meta_info"]["finish_reason"]["type"] == "length"
+    status, text = http(f"{pd.url}/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5,
+        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True})
+    events = sse_events(text)
+    assert status == 200 and events[-1] == "[DONE]"
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert events[-2]["usage"]["completion_tokens"] == 5
+
+
+def test_openai_and_info_routes_through_the_router(pd):
+    status, out = http(f"{pd.url}/v1/completions", {"model": "tiny", "prompt": "Hello, GLM",
+                                                    "max_tokens": 4, "ignore_eos": True,
+                                                    "temperature": 0})
+    assert status == 200 and out["usage"]["completion_tokens"] == 4
+    assert out["choices"][0]["finish_reason"] == "length"
+    status, out = http(f"{pd.url}/v1/chat/completions", {
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+        "ignore_eos": True})
+    assert status == 200 and out["choices"][0]["message"]["role"] == "assistant"
+    assert http(f"{pd.url}/v1/models")[1]["data"][0]["id"] == "tiny"
+    decode = pd.worker("decode0").url
+    for path in ("/model_info", "/get_model_info", "/server_info", "/get_server_info"):
+        status, out = http(decode + path)
+        assert status == 200 and out["model_path"] == str(preset_checkpoint("tiny"))
+    status, text = http(decode + "/metrics")
+    assert status == 200 and "glmlab:time_to_first_token_seconds_bucket" in text
+    assert "glmlab:num_running_reqs" in text and "glmlab:token_usage" in text
+
+
+def test_64_concurrent_requests_then_every_pool_is_empty(pd):
+    reqs = [BenchRequest(None, tuple((i * 7 + j) % 250 for j in range(20 + i % 30)),
+                         20 + i % 30, 4 + i % 5) for i in range(64)]
+    results, _ = asyncio.run(run_load(pd.url, "sglang", reqs, "tiny", timeout_s=120))
+    bad = [r.error for r in results if not r.success]
+    assert not bad, bad[:3]
+    assert [r.output_len for r in results] == [q.output_len for q in reqs]
+    for name in ("prefill0", "decode0"):
+        info = http(pd.worker(name).url + "/server_info")[1]
+        state = info["internal_states"][0]
+        assert info["leak_check"] == "ok", (name, info["leak_check"])
+        assert state["num_running_reqs"] == state["num_queue_reqs"] == 0
+        assert state["num_parked_reqs"] == 0  # nothing awaiting import or held for export
+        assert state["state_slots_used"] == state["state_checkpoints"]  # only radix checkpoints
+    assert http(pd.worker("decode0").url + "/server_info")[1]["internal_states"][0][
+        "transfer_failures"] == 0
