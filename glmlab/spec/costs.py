@@ -1,0 +1,65 @@
+"""The seed's speculative cost model, and its published MTP718 / DFlash2 block-8 numbers.
+
+    output throughput ~ active requests x acceptance length / cycle time
+    amortised cost    = cycle time / acceptance length        (ms per accepted token)
+
+where the acceptance length is the mean commit length (accepted drafts + bonus). ``SEED`` holds the
+seed's Figure 3 phase means on 4 x H200 at ~128 active requests; "rest" is what the seed lists as
+"cache updates, state commits, and stage gaps" (cycle - draft - verify).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CycleCost:
+    draft_ms: float
+    verify_ms: float
+    cycle_ms: float
+    accept_len: float
+
+    @property
+    def rest_ms(self) -> float:
+        return self.cycle_ms - self.draft_ms - self.verify_ms
+
+    @property
+    def ms_per_token(self) -> float:
+        return self.cycle_ms / self.accept_len
+
+    def tokens_per_s(self, active_requests: int) -> float:
+        return active_requests * self.accept_len / (self.cycle_ms / 1e3)
+
+    @classmethod
+    def of_row(cls, row: dict) -> CycleCost:
+        """From a ``glmlab.bench.spec`` row (commit folded into rest, as the seed reports it)."""
+        p = row["phase_ms"]
+        return cls(p["draft"], p["verify"], row["cycle_ms"], row["accept_len"])
+
+
+SEED = {
+    "MTP718": CycleCost(draft_ms=9.13, verify_ms=65.16, cycle_ms=86.94, accept_len=7.37),
+    "DFlash2-B8": CycleCost(draft_ms=3.15, verify_ms=66.30, cycle_ms=74.14, accept_len=7.03),
+}
+SEED_THROUGHPUT = {"MTP718": 10570, "DFlash2-B8": 11459}  # output tok/s, same service otherwise
+
+
+def compare(rows: list[dict]) -> list[dict]:
+    """Our measured rows beside the seed's numbers, one dict per (config, source)."""
+    out = []
+    for row in rows:
+        ours = CycleCost.of_row(row)
+        label = row["config"] + (f" ({row['draft_kv_dtype']} draft KV)"
+                                 if "draft_kv_dtype" in row else "")
+        out.append({"config": label, "source": f"glmlab {row['preset']} {row['device']}"
+                    + (" [simulated]" if row.get("simulated") else ""), **_fields(ours)})
+    for name, cost in SEED.items():
+        out.append({"config": name, "source": "seed, 4xH200 (Figure 3)", **_fields(cost)})
+    return out
+
+
+def _fields(c: CycleCost) -> dict:
+    return {"draft_ms": round(c.draft_ms, 3), "verify_ms": round(c.verify_ms, 3),
+            "rest_ms": round(c.rest_ms, 3), "cycle_ms": round(c.cycle_ms, 3),
+            "accept_len": round(c.accept_len, 3), "ms_per_token": round(c.ms_per_token, 3)}
