@@ -24,6 +24,7 @@ OPS: dict[str, str] = {
     "model": "glmlab.bench.model:run",
 }
 OPS["moe"] = "glmlab.bench.ops_moe:run"
+OPS["cp"] = "glmlab.bench.ops_cp:run"
 
 
 def register(name: str, target: str) -> None:

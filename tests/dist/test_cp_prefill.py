@@ -21,6 +21,7 @@ from glmlab.dist.parallel import ParallelLayout, ProcessGroups, launch
 from glmlab.testing.compare import assert_close
 
 BACKEND = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+SINGLE_DEVICE = "cuda" if BACKEND == "nccl" else "cpu"
 WHOLE = PrefillCase((37, 27))  # two prompts of odd length: ranks hold unequal shards
 CHUNKED = PrefillCase((40, 21), chunk=16)  # 3 steps; the last brings 8 + 0 tokens
 BF16 = CPConfig(MoEDispatch.BF16)
@@ -38,14 +39,20 @@ def _model(path: str, device: str = "cpu"):
     return load_model(path, dtype=torch.float32, device=device, with_mtp=False)
 
 
+def _exact_fp32() -> None:
+    """No TF32 on GPUs: the comparisons below are fp32-tight (cuDNN convs default to TF32)."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+
 @pytest.fixture(scope="module")
 def single(tiny_path):
     """Single-process logits: the plain model, and the model with the FP8 MoE recipe."""
+    _exact_fp32()
     out = {}
     for case in (WHOLE, CHUNKED):
-        out["bf16", case] = single_prefill_logits(_model(tiny_path), case)
-        out["fp8", case] = cp_logits(CPPrefill(_model(tiny_path), ProcessGroups.single(), FP8),
-                                     case)
+        out["bf16", case] = single_prefill_logits(_model(tiny_path, SINGLE_DEVICE), case)
+        out["fp8", case] = cp_logits(CPPrefill(_model(tiny_path, SINGLE_DEVICE),
+                                               ProcessGroups.single(), FP8), case)
     return out
 
 
@@ -73,6 +80,7 @@ def _moe_layer_runs(path: str) -> dict:
 
 
 def _rank_work(path: str, layout: ParallelLayout, runs: list, moe_check: bool) -> dict:
+    _exact_fp32()
     return {"logits": cp_prefill_logits(path, "fp32", layout, runs),
             "moe": _moe_layer_runs(path) if moe_check else None}
 
