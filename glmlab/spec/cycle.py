@@ -18,6 +18,7 @@ choose which requests take part in a cycle.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -48,6 +49,13 @@ class CycleStats:
     @property
     def mean_commit(self) -> float:
         return sum(self.commit_lens) / max(1, len(self.commit_lens))
+
+
+@dataclass(frozen=True)
+class CycleResult:
+    emitted: list[list[int]]  # per request: the accepted drafts, then the bonus token
+    stats: CycleStats  # draft / verify / commit times ("rest" is the caller's)
+    timer: PhaseTimer
 
 
 class PhaseTimer:
@@ -116,53 +124,62 @@ class SpecDecoder:
             next_tokens=[p[1:] + [f] for p, f in zip(prompts, firsts, strict=True)]))
 
     @torch.inference_mode()
-    def step(self, reqs: list[SpecRequest]) -> CycleStats | None:
-        """One cycle for the unfinished requests of ``reqs``."""
-        live = [r for r in reqs if not r.finished]
-        if not live:
-            return None
-        n, d = len(live), self.width
-        for r in live:
+    def cycle(self, reqs: list[SpecRequest]) -> CycleResult:
+        """Draft, verify, accept and commit one window per request. The cache and the drafter
+        move to the committed lengths; ``reqs`` themselves are not changed (the caller applies
+        ``emitted``: the tokens, the new anchors, the finish rules)."""
+        n, d = len(reqs), self.width
+        for r in reqs:
             if r.committed + d > self.layout.capacity(r.row):
                 raise ValueError(f"row {r.row}: a verify window of {d} past {r.committed} tokens "
                                  f"exceeds its capacity {self.layout.capacity(r.row)}")
         timer = PhaseTimer(self.device)
-        proposal = self.drafter.propose(live)
+        proposal = self.drafter.propose(reqs)
         timer.mark("draft")
-        anchors = torch.tensor([r.anchor for r in live], device=self.device)
+        anchors = torch.tensor([r.anchor for r in reqs], device=self.device)
         window = torch.cat([anchors[:, None], proposal.tokens], dim=1)  # [N, D]
-        rows = [r.row for r in live]
-        plan = self.layout.plan(rows, [d] * n, [r.committed for r in live], verify=self.store)
+        rows = [r.row for r in reqs]
+        plan = self.layout.plan(rows, [d] * n, [r.committed for r in reqs], verify=self.store)
         hidden, feats = self._forward(window.flatten(), plan)
         logits = self.model.logits(hidden).view(n, d, -1)
         if self.simulate is not None:
             acc = self.simulate.accept(logits, proposal.tokens)
         else:
             acc = accept(logits, proposal.tokens, proposal.draft_probs,
-                         [r.params for r in live], [r.generator for r in live])
+                         [r.params for r in reqs], [r.generator for r in reqs])
         timer.mark("verify")
         lens = acc.commit_lens.tolist()
         self.store.commit(self.layout.cache, plan.state_slots, acc.commit_lens)
         emitted = [acc.emitted(i) for i in range(n)]
         hidden, feats, window_ids = hidden.view(n, d, -1), feats.view(n, d, -1), window.tolist()
-        self.drafter.extend(live, TargetStates(
-            positions=[r.committed for r in live],
+        self.drafter.extend(reqs, TargetStates(
+            positions=[r.committed for r in reqs],
             hidden=[hidden[i, :c] for i, c in enumerate(lens)],
             features=[feats[i, :c] for i, c in enumerate(lens)],
             tokens=[window_ids[i][:c] for i, c in enumerate(lens)],
             next_tokens=emitted))
         timer.mark("commit")
-        for r, c, toks in zip(live, lens, emitted, strict=True):
-            r.committed += c
+        stats = CycleStats(tuple(lens), {p: timer.times.get(p, 0.0) for p in PHASES},
+                           simulated=self.simulate is not None)
+        return CycleResult(emitted, stats, timer)
+
+    def step(self, reqs: list[SpecRequest]) -> CycleStats | None:
+        """One cycle for the unfinished requests of ``reqs``, then their bookkeeping."""
+        live = [r for r in reqs if not r.finished]
+        if not live:
+            return None
+        result = self.cycle(live)
+        for r, toks in zip(live, result.emitted, strict=True):
+            r.committed += len(toks)
             r.anchor = toks[-1]
             self._emit(r, toks)
             self._set_length(r)
         done = [r for r in live if r.finished]
         if done:
             self.drafter.release(done)
-        timer.mark("rest")
-        stats = CycleStats(tuple(lens), {p: timer.times.get(p, 0.0) for p in PHASES},
-                           simulated=self.simulate is not None)
+        result.timer.mark("rest")
+        stats = dataclasses.replace(result.stats, phase_s={
+            p: result.timer.times.get(p, 0.0) for p in PHASES})
         self.stats.append(stats)
         return stats
 

@@ -83,23 +83,25 @@ class ReplayRing:
         self.k, self.g = buf(h, dk, dtype=torch.float32), buf(h, dk, dtype=torch.float32)
         self.v, self.beta = buf(h, dk, dtype=act_dtype), buf(h, dtype=act_dtype)
 
-    def verify(self, layer: int, slots: torch.Tensor, q, k, v, g, beta,
+    def verify(self, layer: int, rows: torch.Tensor, q, k, v, g, beta,
                states: torch.Tensor) -> torch.Tensor:
-        """q, k, g [N, D, H, K], v [N, D, H, V], beta [N, D, H]; returns o [N, D, H, V] fp32."""
+        """q, k, g [N, D, H, K], v [N, D, H, V], beta [N, D, H]; returns o [N, D, H, V] fp32.
+        ``rows``: this store's rows of the N requests."""
         d = k.shape[1]
-        self.k[layer][slots, :d] = k.float()
-        self.g[layer][slots, :d] = g.float()
-        self.v[layer][slots, :d] = v.to(self.v[layer].dtype)
-        self.beta[layer][slots, :d] = beta.to(self.beta[layer].dtype)
+        self.k[layer][rows, :d] = k.float()
+        self.g[layer][rows, :d] = g.float()
+        self.v[layer][rows, :d] = v.to(self.v[layer].dtype)
+        self.beta[layer][rows, :d] = beta.to(self.beta[layer].dtype)
         o, _ = kda_recurrent_ref(q, k, v, g, beta, states)
         return o
 
     def commit(self, layer: int, recurrent: torch.Tensor, slots: torch.Tensor,
-               commit_lens: torch.Tensor) -> None:
-        """recurrent: the cache's [slots, H, K, V] tensor of ``layer``; updated in place."""
-        recurrent[slots] = replay_steps(recurrent[slots], self.k[layer][slots],
-                                        self.v[layer][slots], self.g[layer][slots],
-                                        self.beta[layer][slots], commit_lens)
+               rows: torch.Tensor, commit_lens: torch.Tensor) -> None:
+        """recurrent: the cache's [state slots, H, K, V] tensor of ``layer``, updated in place at
+        ``slots`` from this store's ``rows``."""
+        recurrent[slots] = replay_steps(recurrent[slots], self.k[layer][rows],
+                                        self.v[layer][rows], self.g[layer][rows],
+                                        self.beta[layer][rows], commit_lens)
 
     @staticmethod
     def bytes_per_slot(cfg: ModelConfig, width: int, act_dtype: torch.dtype) -> int:
@@ -124,7 +126,7 @@ class StateSnapshots:
         self.states = {i: torch.zeros(shape, dtype=state_dtype, device=device)
                        for i in cfg.kda_layers}
 
-    def verify(self, layer: int, slots: torch.Tensor, q, k, v, g, beta,
+    def verify(self, layer: int, rows: torch.Tensor, q, k, v, g, beta,
                states: torch.Tensor) -> torch.Tensor:
         q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
         s, out, post = states.float(), [], []
@@ -132,13 +134,13 @@ class StateSnapshots:
             s = _step(s, k[:, t], v[:, t], g[:, t], beta[:, t])
             out.append(torch.einsum("bhkv,bhk->bhv", s, q[:, t]))
             post.append(s)
-        self.states[layer][slots, : k.shape[1]] = torch.stack(post, 1).to(self.states[layer].dtype)
+        self.states[layer][rows, : k.shape[1]] = torch.stack(post, 1).to(self.states[layer].dtype)
         return torch.stack(out, dim=1)
 
     def commit(self, layer: int, recurrent: torch.Tensor, slots: torch.Tensor,
-               commit_lens: torch.Tensor) -> None:
+               rows: torch.Tensor, commit_lens: torch.Tensor) -> None:
         last = (commit_lens.to(slots.device) - 1).clamp(min=0)
-        picked = self.states[layer][slots, last]
+        picked = self.states[layer][rows, last]
         keep = (commit_lens.to(slots.device) == 0)[:, None, None, None]
         recurrent[slots] = torch.where(keep, recurrent[slots], picked.to(recurrent.dtype))
 

@@ -54,22 +54,26 @@ def test_ring_and_snapshot_agree_with_the_recurrence():
     rec_ring = torch.zeros(4, h, k, k)
     rec_ring[slots] = s0
     rec_snap = rec_ring.clone()
-    ring.commit(layer, rec_ring, slots, lens)
-    snap.commit(layer, rec_snap, slots, lens)
+    ring.commit(layer, rec_ring, slots, slots, lens)
+    snap.commit(layer, rec_snap, slots, slots, lens)
     assert torch.equal(rec_ring, rec_snap)
 
 
 def _run(model, prompt, window, commit_len, mode):
-    """Prefill ``prompt``, verify ``window`` with a recorder, commit ``commit_len``."""
-    session = Session(model, 1, 64)
+    """Prefill ``prompt`` into sequence 2, verify ``window`` with a recorder, commit
+    ``commit_len``. The store has one row, bound to state slot 2."""
+    session = Session(model, 3, 64)
     layout = SessionLayout(session)
-    session.forward({0: prompt})
-    store = SpecStateStore(model.cfg, 1, len(window), mode, torch.float32)
-    plan = layout.plan([0], [len(window)], [len(prompt)], verify=store)
+    session.forward({2: prompt})
+    store = SpecStateStore(model.cfg, 1, len(window), mode, torch.float32, num_state_slots=3)
+    store.bind([2], [0])
+    plan = layout.plan([2], [len(window)], [len(prompt)], verify=store)
     with torch.inference_mode():
         model(torch.tensor(window), plan, session.cache)
+        with pytest.raises(ValueError, match="without a speculative row"):
+            store.commit(session.cache, torch.tensor([1]), torch.tensor([commit_len]))
         store.commit(session.cache, plan.state_slots, torch.tensor([commit_len]))
-    session.lengths[0] = len(prompt) + commit_len
+    session.lengths[2] = len(prompt) + commit_len
     return session
 
 
@@ -86,14 +90,14 @@ def test_commit_equals_feeding_the_accepted_tokens(tiny_model, mode, prompt_len,
     plain.forward({0: window[:commit_len]})
     a, b = spec.cache, plain.cache
     for layer in cfg.kda_layers:
-        assert_close(f"conv{layer}", b.conv[layer], a.conv[layer], "fp32_chunk")
-        assert_close(f"state{layer}", b.recurrent[layer], a.recurrent[layer], "fp32_chunk")
+        assert_close(f"conv{layer}", b.conv[layer][0], a.conv[layer][2], "fp32_chunk")
+        assert_close(f"state{layer}", b.recurrent[layer][0], a.recurrent[layer][2], "fp32_chunk")
     held = (prompt_len + commit_len) % cfg.dsa.index_kpool
     for layer in cfg.dsa_layers:
-        assert_close(f"tail{layer}", b.index_tail[layer][0, :held], a.index_tail[layer][0, :held],
+        assert_close(f"tail{layer}", b.index_tail[layer][0, :held], a.index_tail[layer][2, :held],
                      "fp32_chunk")
     nxt = [7, 9, 11]  # the continuation sees the same cache either way
-    assert_close("logits", plain.logits({0: nxt})[0], spec.logits({0: nxt})[0], "fp32_chunk")
+    assert_close("logits", plain.logits({0: nxt})[0], spec.logits({2: nxt})[0], "fp32_chunk")
 
 
 @pytest.mark.parametrize("mode", list(CommitMode))
