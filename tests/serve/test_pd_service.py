@@ -128,3 +128,23 @@ def test_64_concurrent_requests_then_every_pool_is_empty(pd):
         assert state["state_slots_used"] == state["state_checkpoints"]  # only radix checkpoints
     assert http(pd.worker("decode0").url + "/server_info")[1]["internal_states"][0][
         "transfer_failures"] == 0
+
+
+def test_glmlab_bench_slo_mode_writes_jsonl(pd, tmp_path):
+    out = tmp_path / "serve.jsonl"
+    port = pd.cfg.port
+    code = glmlab_main(["bench", "--port", str(port), "--dataset-name", "random",
+                        "--num-prompts", "4", "--random-input-len", "24",
+                        "--random-output-len", "4", "--tokenize-prompt", "--warmup-requests",
+                        "1", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
+                        "--slo-max-concurrency", "4", "--output-file", str(out)])
+    assert code == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    trials = [r for r in rows if r["slo_trial"]]
+    assert [r["max_concurrency"] for r in trials] == [1, 2, 4]  # loose targets: all meet them
+    assert all(r["meets_slo"] and r["completed"] == 4 for r in trials)
+    final = rows[-1]
+    assert final["slo_best_concurrency"] == 4 and final["config"]["backend"] == "sglang"
+    for key in ("output_throughput", "p99_ttft_ms", "median_tpot_ms", "p95_itl_ms",
+                "mean_e2e_latency_ms", "cached_tokens", "torch", "host"):
+        assert key in final
