@@ -80,20 +80,22 @@ class PhaseTimer:
 class SpecDecoder:
     def __init__(self, model: GLM5Model, layout: CacheLayout, drafter: Drafter,
                  mode: CommitMode | str = CommitMode.REPLAY,
-                 simulate: SimulatedAcceptance | None = None):
+                 simulate: SimulatedAcceptance | None = None, store_rows: int | None = None):
+        """``store_rows``: rows of verify state (default: one per state slot, bound 1:1)."""
         cache = layout.cache
         self.model, self.layout, self.drafter, self.simulate = model, layout, drafter, simulate
         self.device = model.embed_tokens.weight.device
-        self.store = SpecStateStore(model.cfg, cache.num_state_slots, drafter.width,
-                                    CommitMode(mode), model.dtype, cache.dtypes.recurrent,
-                                    self.device)
+        self.store = SpecStateStore(
+            model.cfg, store_rows or cache.num_state_slots, drafter.width, CommitMode(mode),
+            model.dtype, cache.dtypes.recurrent, self.device,
+            num_state_slots=cache.num_state_slots if store_rows else None)
         self.stats: list[CycleStats] = []
 
     @property
     def width(self) -> int:
         return self.drafter.width
 
-    def _forward(self, ids: torch.Tensor, plan: ForwardPlan):
+    def forward(self, ids: torch.Tensor, plan: ForwardPlan):
         hidden, captured = self.model(ids, plan, self.layout.cache,
                                       capture_layers=self.drafter.capture_layers)
         feats = torch.cat(captured, dim=-1) if captured else hidden[:, :0]
@@ -106,7 +108,7 @@ class SpecDecoder:
             raise ValueError("a prompt is empty")
         plan = self.layout.plan([r.row for r in reqs], [len(p) for p in prompts], [0] * len(reqs))
         ids = torch.tensor([t for p in prompts for t in p], device=self.device)
-        hidden, feats = self._forward(ids, plan)
+        hidden, feats = self.forward(ids, plan)
         logits = self.model.logits(hidden[plan.last_token_rows()])
         firsts = []
         for r, p, row in zip(reqs, prompts, logits, strict=True):
@@ -140,7 +142,7 @@ class SpecDecoder:
         window = torch.cat([anchors[:, None], proposal.tokens], dim=1)  # [N, D]
         rows = [r.row for r in reqs]
         plan = self.layout.plan(rows, [d] * n, [r.committed for r in reqs], verify=self.store)
-        hidden, feats = self._forward(window.flatten(), plan)
+        hidden, feats = self.forward(window.flatten(), plan)
         logits = self.model.logits(hidden).view(n, d, -1)
         if self.simulate is not None:
             acc = self.simulate.accept(logits, proposal.tokens)

@@ -37,9 +37,9 @@ def make_drafter(model: GLM5Model, layout: CacheLayout, spec: SpecConfig,
 
 
 def make_decoder(model: GLM5Model, layout: CacheLayout, spec: SpecConfig,
-                 draft: DFlashDraftModel | None = None, tokenizer=None,
-                 seed: int = 0) -> SpecDecoder:
+                 draft: DFlashDraftModel | None = None, tokenizer=None, seed: int = 0,
+                 store_rows: int | None = None) -> SpecDecoder:
     drafter = make_drafter(model, layout, spec, draft, tokenizer)
     sim = (SimulatedAcceptance(spec.simulate_accept_len, spec.width, spec.simulate_mode, seed)
            if spec.simulated else None)
-    return SpecDecoder(model, layout, drafter, spec.commit, simulate=sim)
+    return SpecDecoder(model, layout, drafter, spec.commit, simulate=sim, store_rows=store_rows)
