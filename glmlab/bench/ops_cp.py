@@ -42,6 +42,7 @@ from glmlab.kernels.fp8.packet_ref import PacketLayout
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan
 from glmlab.presets import preset
+from glmlab.testing.compare import diff_stats
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
@@ -54,9 +55,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--moe-tokens", default="8192,32768")
     p.add_argument("--prefill-tokens", default="8192,16384")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions of comm/MoE cases")
-    p.add_argument("--prefill-reps", type=int, default=3)
-    p.add_argument("--budget-s", type=float, default=200.0,
-                   help="skip the remaining prefill sizes once this much time has passed")
+    p.add_argument("--prefill-reps", type=int, default=2)
+    p.add_argument("--budget-s", type=float, default=150.0,
+                   help="skip the remaining prefill cases once this much time has passed")
     p.add_argument("--live-dir", default="", help="append rows to DIR/cp-live.jsonl as measured")
     return p.parse_args(argv)
 
@@ -125,11 +126,20 @@ def _rank_main(args: argparse.Namespace) -> list[dict]:
     _bench_allgather(groups, cfg, args, rows)
     model = _random_model(cfg)
     prefill_sizes = [int(t) for t in args.prefill_tokens.split(",") if t]
-    done_cp1 = _bench_prefill_cp1(model, prefill_sizes, args, rows, t0)
+    done_cp1, ref = _bench_prefill_cp1(model, prefill_sizes, args, rows, t0)
     runner = CPPrefill(model, groups, CPConfig(MoEDispatch.FP8_PACKET, PacketKernels.TRITON))
     _bench_moe(runner, args, rows)
-    _bench_prefill_cp(runner, done_cp1, args, rows)
+    if done_cp1:
+        _check_cp_against_cp1(runner, done_cp1[0], ref, rows)
+    _bench_prefill_cp(runner, done_cp1, args, rows, t0)
     return rows.rows
+
+
+def _rank0_says(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (so all ranks skip the same collectives)."""
+    box = [flag]
+    dist.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def _random_model(cfg: ModelConfig) -> GLM5Model:
@@ -192,8 +202,8 @@ def _moe_case(runner: CPPrefill, moe: EPMoE, h: torch.Tensor, dispatch: MoEDispa
              layer_ms=round(layer_ms, 3))
 
 
-def _prefill_once(forward, cache: ModelCache, t: int) -> float:
-    """Seconds for one fresh T-token prefill of sequence 0 (state reset first)."""
+def _prefill_once(forward, cache: ModelCache, t: int) -> tuple[float, object]:
+    """(seconds, output) of one fresh T-token prefill of sequence 0 (state reset first)."""
     dev = _device()
     plan = ForwardPlan.build([t], [0], [0], torch.arange(cache.num_pages, device=dev)[None],
                              cache.page_size)
@@ -203,15 +213,16 @@ def _prefill_once(forward, cache: ModelCache, t: int) -> float:
     _sync()
     start = time.perf_counter()
     with torch.inference_mode():
-        forward(ids, plan, cache)
+        out = forward(ids, plan, cache)
     _sync()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, out
 
 
 def _bench_prefill_cp1(model: GLM5Model, sizes: list[int], args, rows: _Rows,
-                       t0: float) -> list[int]:
-    """Rank 0 times the plain model; the others wait. Returns the sizes it managed."""
-    done = []
+                       t0: float) -> tuple[list[int], torch.Tensor | None]:
+    """Rank 0 times the plain model; the others wait. Returns the sizes it managed and (rank 0)
+    the final hidden states of the first size, to check the CP run against."""
+    done, ref = [], None
     if dist.get_rank() == 0:
         for t in sizes:
             if time.perf_counter() - t0 > args.budget_s / 2:
@@ -219,27 +230,45 @@ def _bench_prefill_cp1(model: GLM5Model, sizes: list[int], args, rows: _Rows,
             cache = ModelCache(model.cfg, -(-t // 64) * 64, 1, 64, CacheDtypes(), _device(),
                                with_mtp=False)
             forward = lambda ids, plan, c: model(ids, plan, c)
-            secs = [_prefill_once(forward, cache, t) for _ in range(1 + args.prefill_reps)][1:]
-            s = statistics.median(secs)
+            runs = [_prefill_once(forward, cache, t) for _ in range(1 + args.prefill_reps)]
+            s = statistics.median(secs for secs, _ in runs[1:])
+            ref = runs[-1][1][0] if ref is None else ref
             rows.add(case="prefill", tokens=t, cp_ranks=1, moe_dispatch="none (single device)",
                      s_per_prefill=round(s, 4), input_tok_s=round(t / s, 1))
             done.append(t)
             del cache
     box = [done]
     dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return box[0], ref  # rank 0's list, on every rank
 
 
-def _bench_prefill_cp(runner: CPPrefill, sizes: list[int], args, rows: _Rows) -> None:
+def _set_dispatch(runner: CPPrefill, dispatch: MoEDispatch) -> None:
+    for layer in runner.model.layers:
+        if isinstance(layer.mlp, EPMoE):
+            layer.mlp.dispatch = dispatch
+
+
+def _check_cp_against_cp1(runner: CPPrefill, t: int, ref, rows: _Rows) -> None:
+    """The real-width CP run (exact BF16 dispatch) against the single-GPU hidden states."""
+    _set_dispatch(runner, MoEDispatch.BF16)
+    cache = runner.new_cache(-(-t // 64) * 64, 1, 64, CacheDtypes())
+    _, hidden = _prefill_once(runner.hidden, cache, t)
+    if ref is not None:
+        stats = diff_stats(ref.float(), hidden.float())
+        rows.add(case="check", tokens=t, what="CP hidden (bf16 dispatch) vs CP1 hidden",
+                 **{k: v for k, v in stats.items() if k != "worst"})
+
+
+def _bench_prefill_cp(runner: CPPrefill, sizes: list[int], args, rows: _Rows,
+                      t0: float) -> None:
     for dispatch in (MoEDispatch.FP8_PACKET, MoEDispatch.BF16_THEN_FP8):
-        for layer in runner.model.layers:
-            if isinstance(layer.mlp, EPMoE):
-                layer.mlp.dispatch = dispatch
+        _set_dispatch(runner, dispatch)
         for t in sizes:
+            if not _rank0_says(time.perf_counter() - t0 < args.budget_s):
+                return
             cache = runner.new_cache(-(-t // 64) * 64, 1, 64, CacheDtypes())
-            secs = [_prefill_once(runner.forward, cache, t)
-                    for _ in range(1 + args.prefill_reps)][1:]
-            worst = torch.tensor(statistics.median(secs), device=_device())
+            runs = [_prefill_once(runner.forward, cache, t) for _ in range(1 + args.prefill_reps)]
+            worst = torch.tensor(statistics.median(s for s, _ in runs[1:]), device=_device())
             dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # the step ends when the last rank does
             s = float(worst)
             rows.add(case="prefill", tokens=t, cp_ranks=runner.info.cp_size,
