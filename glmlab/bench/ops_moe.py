@@ -19,12 +19,13 @@ ceilings measured in the same run (HBM copy bandwidth, ``torch._scaled_mm`` 8192
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 import torch
 
 from glmlab.kernels.fp8.quant_triton import quant_act_fp8_triton
-from glmlab.kernels.fp8.ref import FP8, FP8_MAX
+from glmlab.kernels.fp8.ref import FP8, FP8_MAX, dequant_block_fp8
 from glmlab.kernels.moe.act_triton import swiglu, swiglu_quant
 from glmlab.kernels.moe.configs import (
     CONFIG_DIR,
@@ -51,6 +52,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--configs", default=str(CONFIG_DIR), help="tuned table directory")
     p.add_argument("--samples", default=str(DEFAULT_SAMPLES), help="routing samples")
     p.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
+    p.add_argument("--time-budget", type=float, help="seconds; later (E, M) cases are skipped")
     return p.parse_args(argv)
 
 
@@ -76,20 +78,28 @@ def _route(samples: RoutingSamples | None, m: int, e: int, seed: int) -> torch.T
     return local_ids(ids, 0, e).cuda()
 
 
-def _rowwise(q_scale: torch.Tensor) -> torch.Tensor:
-    """[E, N/128, K/128] block scales -> [E, N] row-wise scales (the largest of each row)."""
-    return q_scale.amax(-1).repeat_interleave(128, dim=1).contiguous()
-
-
 def _quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
     return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 
-def torch_loop(p: Problem, x, ids, w):
+def rowwise_weights(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The experts requantised with one scale per output row (what ``torch._scaled_mm`` takes):
+    (w13 [E, 2I, D], s13 [E, 2I], w2, s2), the same matrices up to E4M3 rounding."""
+    out = []
+    for w, s in ((p.w13, p.w13_scale), (p.w2, p.w2_scale)):
+        q = torch.empty_like(w)
+        scale = torch.empty(w.shape[:2], dtype=torch.float32, device=w.device)
+        for e in range(w.shape[0]):
+            q[e], row = _quant_rows(dequant_block_fp8(w[e], s[e], torch.float32, p.shape.block))
+            scale[e] = row[:, 0]
+        out += [q, scale]
+    return tuple(out)
+
+
+def torch_loop(p: Problem, rw, x, ids, w):
     """Per-expert FP8 ``torch._scaled_mm``; the per-expert row lists are made outside the timing."""
-    inter, groups = p.shape.intermediate, []
-    s13, s2 = _rowwise(p.w13_scale), _rowwise(p.w2_scale)
+    (w13, s13, w2, s2), inter, groups = rw, p.shape.intermediate, []
     for e in torch.unique(ids[ids >= 0]).tolist():
         tok, slot = torch.where(ids == e)
         groups.append((e, tok, w[tok, slot, None].to(x.dtype)))
@@ -98,15 +108,15 @@ def torch_loop(p: Problem, x, ids, w):
         out = torch.zeros_like(x)
         for e, tok, wt in groups:
             a, sa = _quant_rows(x[tok])
-            h = torch._scaled_mm(a, p.w13[e].t(), sa, s13[e][None], out_dtype=x.dtype)
+            h = torch._scaled_mm(a, w13[e].t(), sa, s13[e][None], out_dtype=x.dtype)
             y, sy = _quant_rows(clamped_swiglu(h[:, :inter], h[:, inter:], p.limit))
-            o = torch._scaled_mm(y, p.w2[e].t(), sy, s2[e][None], out_dtype=x.dtype)
+            o = torch._scaled_mm(y, w2[e].t(), sy, s2[e][None], out_dtype=x.dtype)
             out.index_add_(0, tok, o * wt)
         return out
     return run
 
 
-def torch_grouped(p: Problem, x, ids, w):
+def torch_grouped(p: Problem, rw, x, ids, w):
     """``torch._scaled_grouped_mm`` over rows sorted by expert, each expert padded to 16 rows."""
     align = align_pairs(ids, p.shape.num_experts, 16)
     n = int(align.num_padded.item())
@@ -116,14 +126,14 @@ def torch_grouped(p: Problem, x, ids, w):
     wt = torch.where(valid, w.reshape(-1)[pair.clamp(max=ids.numel() - 1)], 0.0).to(x.dtype)
     counts = torch.bincount(align.expert_ids[:n // 16].long(), minlength=p.shape.num_experts)
     offs = (counts * 16).cumsum(0).to(torch.int32)
-    s13, s2, inter = _rowwise(p.w13_scale), _rowwise(p.w2_scale), p.shape.intermediate
+    (w13, s13, w2, s2), inter = rw, p.shape.intermediate
 
     def run():
         a, sa = _quant_rows(x[tok])
-        h = torch._scaled_grouped_mm(a, p.w13.transpose(1, 2), sa.flatten(), s13, offs=offs,
+        h = torch._scaled_grouped_mm(a, w13.transpose(1, 2), sa.flatten(), s13, offs=offs,
                                      out_dtype=x.dtype)
         y, sy = _quant_rows(clamped_swiglu(h[:, :inter], h[:, inter:], p.limit))
-        o = torch._scaled_grouped_mm(y, p.w2.transpose(1, 2), sy.flatten(), s2, offs=offs,
+        o = torch._scaled_grouped_mm(y, w2.transpose(1, 2), sy.flatten(), s2, offs=offs,
                                      out_dtype=x.dtype)
         return torch.zeros_like(x).index_add_(0, tok, o * wt[:, None])
     return run
@@ -136,7 +146,10 @@ def _rates(us: float, weight_bytes: int, flops: int, ceil: dict) -> dict:
                 frac_fp8=tflops / ceil["fp8_scaled_mm_tflops"], roofline_frac=bound_us / us)
 
 
-def bench_moe(p: Problem, ids, m: int, table, ceil: dict, timer, with_torch: bool) -> list[dict]:
+def bench_moe(p: Problem, ids, m: int, table, ceil: dict, timer, rw=None) -> list[dict]:
+    """One (E, M) case: every variant timed on the same route; ``rw``: rowwise_weights(p) or None
+    to skip the torch baselines. Each torch baseline's relative error to the tuned Triton output
+    is recorded (they use row-wise scales, so a few percent is expected)."""
     x, w = p.activations(m, seed=m)
     shape = p.shape
     pairs = int(((ids >= 0) & (ids < shape.num_experts)).sum())
@@ -150,18 +163,22 @@ def bench_moe(p: Problem, ids, m: int, table, ceil: dict, timer, with_torch: boo
                 "triton_default": lambda: fused_moe(x, ids, w, p.w13, p.w2, p.limit,
                                                     p.w13_scale, p.w2_scale, shape.block,
                                                     (DEFAULT_CONFIG, DEFAULT_CONFIG))}
-    if with_torch:
-        variants["torch_loop"] = lambda: torch_loop(p, x, ids, w)
-        variants["torch_grouped"] = lambda: torch_grouped(p, x, ids, w)
+    if rw is not None:
+        variants["torch_loop"] = lambda: torch_loop(p, rw, x, ids, w)
+        variants["torch_grouped"] = lambda: torch_grouped(p, rw, x, ids, w)
     base = dict(op="moe", E=shape.num_experts, M=m, D=shape.hidden, I=shape.intermediate,
                 top_k=shape.top_k, pairs=pairs, experts_touched=touched,
                 weight_bytes=weight_bytes, flops=flops, tuned_up=tuned[0].short(),
                 tuned_down=tuned[1].short(), tuned_table=table is not None)
-    rows = []
+    rows, want = [], None
     for name, make in variants.items():
         try:
             fn = make() if name.startswith("torch") else make
-            rows.append({**base, "variant": name, **_rates(timer(fn), weight_bytes, flops, ceil)})
+            got = fn().float()
+            want = got if want is None else want
+            err = float((got - want).norm() / want.norm().clamp(min=1e-30))
+            rows.append({**base, "variant": name, "relerr_vs_tuned": err,
+                         **_rates(timer(fn), weight_bytes, flops, ceil)})
         except Exception as exc:  # a peer that does not run here is reported, not fatal
             rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
     us = {r["variant"]: r.get("us") for r in rows}
@@ -176,7 +193,7 @@ def bench_act_quant(p: Problem, ids, timer, limit: float = 10.0) -> list[dict]:
     """Fused SwiGLU + FP8 quant vs the unfused kernel pair (and torch) on one real alignment."""
     align = align_pairs(ids, p.shape.num_experts, 64)
     rows_n = int(align.num_padded.item())
-    h = torch.randn(align.max_rows, 2 * p.shape.intermediate, device="cuda",
+    h = torch.randn(align.max_rows, 2 * p.shape.intermediate, device=p.w13.device,
                     dtype=torch.bfloat16) * 4
     fused = lambda: swiglu_quant(h, limit, align.num_padded)
     unfused = lambda: quant_act_fp8_triton(swiglu(h, limit, align.num_padded), 128,
@@ -205,14 +222,19 @@ def run(argv: list[str]) -> list[dict]:
     source = samples.source if samples else "uniform top-k (no samples)"
     experts = [int(e) for e in args.experts.split(",")]
     full = Problem.random(MoEShape(max(experts), 8, 4096, 2048), "cuda")
+    rows += bench_act_quant(full, _route(samples, 8192, max(experts), seed=8192), timer)
+    started = time.monotonic()
     for e in experts:
         p = full.narrow(e)
         table = read_table(p.shape, device_name(torch.device("cuda")), Path(args.configs))
+        rw = None if args.no_torch else rowwise_weights(p)
         for m in (int(t) for t in args.tokens.split(",")):
+            if args.time_budget and time.monotonic() - started > args.time_budget:
+                rows.append({"op": "moe", "E": e, "M": m, "variant": "skipped (time budget)"})
+                continue
             ids = _route(samples, m, e, seed=m)
-            rows += bench_moe(p, ids, m, table, ceil, timer, not args.no_torch)
+            rows += bench_moe(p, ids, m, table, ceil, timer, rw)
             print(_line(rows[-4:] if not args.no_torch else rows[-2:]), flush=True)
-    rows += bench_act_quant(full, _route(samples, 8192, max(experts), seed=8192), timer)
     for r in rows:
         r.update(routes=source, **{f"ceiling_{k}": v for k, v in ceil.items()})
     return rows

@@ -20,7 +20,13 @@ import torch
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.kernels.moe.configs import CONFIG_DIR, MoEShape, save_table
 from glmlab.kernels.moe.fused_moe import device_name
-from glmlab.kernels.moe.samples import RoutingSamples, capture_routing, local_ids, routes_for_m
+from glmlab.kernels.moe.samples import (
+    RoutingSamples,
+    capture_routing,
+    local_ids,
+    routes_for_m,
+    uniform_samples,
+)
 from glmlab.kernels.moe.timing import timer_for
 from glmlab.kernels.moe.tuner import SPACES, Problem, TuneOptions, tune
 
@@ -33,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     moe = sub.add_parser("moe", help="routed-expert GEMMs", description=__doc__,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     src = moe.add_mutually_exclusive_group(required=True)
-    src.add_argument("--samples", help="routing-sample file (safetensors, NOTES.md)")
+    src.add_argument("--samples", help="routing-sample file (safetensors, NOTES.md), or "
+                     "uniform:E:A for random-gating routes over E experts, top-A")
     src.add_argument("--model", help="capture from a run: a preset (tiny, slice:N) or a directory")
     moe.add_argument("--capture-out", help="also save the captured samples here")
     moe.add_argument("--prompts", type=int, default=8, help="sequences in the capture run")
@@ -81,13 +88,15 @@ def capture(args) -> RoutingSamples:
               f"{args.chunk}, decode {args.decode_steps}, device={where}")
     samples = capture_routing(model, prompts, args.decode_steps, source, chunk=args.chunk)
     del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the tuner's weights and buffers come next
     return samples
 
 
 def run(args: argparse.Namespace) -> int:
     from glmlab.bench.ops import write_rows
 
-    samples = RoutingSamples.load(args.samples) if args.samples else capture(args)
+    samples = _read_samples(args.samples) if args.samples else capture(args)
     if args.capture_out and not args.samples:
         samples.save(args.capture_out)
     train, held = samples.split(args.heldout_fraction)
@@ -96,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device)
     experts = [int(e) for e in args.experts.split(",")] if args.experts else [samples.num_experts]
     full = Problem.random(MoEShape(max(experts), samples.top_k, *dims), device, options.seed)
-    timer, written, rows = timer_for(device), [], []
+    timer, written = timer_for(device), []
     for e in experts:
         if samples.num_experts % e:
             raise ValueError(f"--experts {e} does not divide the samples' {samples.num_experts}")
@@ -113,14 +122,24 @@ def run(args: argparse.Namespace) -> int:
                                  skipped=result.skipped, triton=_triton_version())
         shape = MoEShape(e, samples.top_k, *dims)
         written += save_table(result.table, shape, device_name(device), Path(args.out))
-        rows += [{**r, "space": args.space, "samples": samples.source,
-                  "device_name": device_name(device)} for r in result.rows]
-    if args.report:
-        path = Path(args.report)
-        write_rows(rows, path.parent, path.stem)
-    print(json.dumps({"configs": [str(p) for p in written], "rows": len(rows),
-                      "report": args.report}))
+        rows = [{**r, "space": args.space, "samples": samples.source,
+                 "device_name": device_name(device)} for r in result.rows]
+        if args.report:  # per E, so a run cut short keeps what it finished
+            path = Path(args.report)
+            write_rows(rows, path.parent, path.stem)
+        for r in rows:
+            print(json.dumps({k: r[k] for k in ("E", "M", "up", "down", "speedup_train",
+                                               "speedup_heldout", "heldout_gap",
+                                               "numerics_relerr")}), flush=True)
+    print(json.dumps({"configs": [str(p) for p in written], "report": args.report}))
     return 0
+
+
+def _read_samples(spec: str) -> RoutingSamples:
+    if spec.startswith("uniform:"):
+        _, e, a = spec.split(":")
+        return uniform_samples(int(e), int(a), rows=8192, count=8)
+    return RoutingSamples.load(spec)
 
 
 def _dims(args) -> tuple[int, int]:

@@ -123,6 +123,14 @@ def uniform_routes(num_experts: int, top_k: int, m: int, count: int, seed: int =
             for _ in range(count)]
 
 
+def uniform_samples(num_experts: int, top_k: int, rows: int, count: int, seed: int = 0
+                    ) -> RoutingSamples:
+    """``count`` one-layer samples of uniform top-k routes: the random-gating baseline."""
+    routes = uniform_routes(num_experts, top_k, rows, count, seed)
+    return RoutingSamples(tuple(RoutingSample(0, i, r) for i, r in enumerate(routes)),
+                          num_experts, top_k, f"uniform top-k over {num_experts} (random gating)")
+
+
 def local_ids(ids: torch.Tensor, rank: int, num_local: int) -> torch.Tensor:
     """Expert-parallel view: global ids -> this rank's local ids, other ranks' experts -> -1."""
     local = ids - rank * num_local

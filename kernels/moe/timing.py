@@ -35,11 +35,11 @@ class GraphTimer:
                     fn()
         return graph
 
-    def _replay_ms(self, graph: torch.cuda.CUDAGraph) -> float:
+    def _replay_ms(self, graph: torch.cuda.CUDAGraph, replays: int | None = None) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         graph.replay()
         times = []
-        for _ in range(self.replays):
+        for _ in range(replays or self.replays):
             start.record()
             graph.replay()
             end.record()
@@ -55,7 +55,7 @@ class GraphTimer:
             fn()
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        once = self._replay_ms(self._graph(fn, 1))
+        once = self._replay_ms(self._graph(fn, 1), replays=2)
         launches = max(1, min(self.max_launches, round(self.target_ms / max(once, 1e-3))))
         total = self._replay_ms(self._graph(fn, launches))
         if launches not in self._flush_only:
