@@ -25,6 +25,7 @@ OPS: dict[str, str] = {
 }
 OPS["moe"] = "glmlab.bench.ops_moe:run"
 OPS["cp"] = "glmlab.bench.ops_cp:run"
+OPS["dsa"] = "glmlab.bench.ops_dsa:run"
 
 
 def register(name: str, target: str) -> None:

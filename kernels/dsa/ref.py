@@ -12,6 +12,8 @@ padded with -1. Attention then runs only over the listed positions.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -91,3 +93,94 @@ def sparse_mla_ref(q: torch.Tensor, kv_rows: torch.Tensor, valid: torch.Tensor,
     logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
     p = torch.nan_to_num(logits.softmax(dim=-1))  # all -inf rows -> zeros
     return torch.einsum("thw,twr->thr", p, kv)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 pooled keys (sglang stores one e4m3 key + one fp32 scale per pool; MODEL.md section 2.5)
+POOL_KEY_FP8_MAX = 448.0
+
+
+def quantize_pool_keys_ref(pool_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[P, DI] pooled keys -> (e4m3 [P, DI], fp32 scale [P]) with scale = absmax / 448 per pool.
+
+    An all-zero key stores scale 0 (its dequantised key is exactly zero).
+    """
+    k = pool_keys.float()
+    scale = k.abs().amax(dim=-1) / POOL_KEY_FP8_MAX  # [P]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = (k / safe[:, None]).clamp(-POOL_KEY_FP8_MAX, POOL_KEY_FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def indexer_scores_fp8_ref(q: torch.Tensor, keys_fp8: torch.Tensor, key_scale: torch.Tensor,
+                           weights: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """``indexer_scores_ref`` over FP8 pooled keys: K_p = keys_fp8[p] * key_scale[p] (fp32)."""
+    keys = keys_fp8.float() * key_scale.float()[:, None]
+    return indexer_scores_ref(q, keys, weights, softmax_scale)
+
+
+def candidate_mask(query_pos: torch.Tensor, num_pools: int, kpool: int) -> torch.Tensor:
+    """[T, P] bool: pool p is a candidate for a query at position t iff its last token 4p+3 <= t."""
+    pool_end = torch.arange(num_pools, device=query_pos.device) * kpool + (kpool - 1)
+    return pool_end[None, :] <= query_pos[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse MLA split into the kernels' two stages (Partial over contiguous KV tile ranges, Combine)
+EMPTY_LSE = -(2.0**30)  # base-2 LSE of a split with no valid index (Combine then ignores it)
+LOG2E = 1.4426950408889634
+
+
+def split_bounds(width: int, block_i: int, num_splits: int) -> list[tuple[int, int]]:
+    """Index-list columns [start, end) each split covers, as the Partial kernel walks them.
+
+    The list is cut into ceil(width / block_i) tiles (the last one virtually padded: columns past
+    ``width`` are masked, never read), and each split takes ceil(tiles / num_splits) whole tiles.
+    Later splits may be empty.
+    """
+    tiles = -(-width // block_i)
+    per = -(-tiles // num_splits)
+    out = []
+    for s in range(num_splits):
+        first, last = s * per, min(s * per + per, tiles)
+        out.append((min(first * block_i, width), min(max(last, first) * block_i, width)))
+    return out
+
+
+def sparse_mla_partial_ref(q: torch.Tensor, kv_rows: torch.Tensor, valid: torch.Tensor,
+                           softmax_scale: float, block_i: int, num_splits: int
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the Partial kernel computes, split by split (fp32, whole splits at once).
+
+    Args:
+        q: [T, H, R].  kv_rows: [T, W, R] gathered latent rows.  valid: [T, W] bool.
+    Returns:
+        partial_o [T, S, H, R]: softmax-weighted rows of each split, normalised within the split
+        (zeros for a split with nothing valid); partial_lse [T, S, H]: base-2 log-sum-exp of the
+        split's scaled scores (``EMPTY_LSE`` when nothing is valid).
+    """
+    kv = kv_rows.float()
+    logits = torch.einsum("thr,twr->thw", q.float(), kv) * (softmax_scale * LOG2E)  # base 2
+    outs, lses = [], []
+    for start, end in split_bounds(kv.shape[1], block_i, num_splits):
+        s = logits[..., start:end].masked_fill(~valid[:, None, start:end], float("-inf"))
+        lse = torch.logsumexp(s * math.log(2.0), dim=-1) * LOG2E  # [T, H]
+        empty = ~valid[:, start:end].any(dim=-1)[:, None].expand_as(lse)
+        p = torch.nan_to_num(torch.exp2(s - lse[..., None]))
+        outs.append(torch.einsum("thw,twr->thr", p, kv[:, start:end]))
+        lses.append(lse.masked_fill(empty, EMPTY_LSE))
+    return torch.stack(outs, dim=1), torch.stack(lses, dim=1)
+
+
+def sparse_mla_combine_ref(partial_o: torch.Tensor, partial_lse: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge splits by LSE: w_s = 2^(LSE_s - LSE), LSE = log2 sum_s 2^LSE_s; O = sum_s w_s O_s.
+
+    Args: partial_o [T, S, H, R], partial_lse [T, S, H] (base 2).
+    Returns: out [T, H, R] fp32, lse [T, H] (base 2; about ``EMPTY_LSE`` for an all-empty row).
+    """
+    lse_max = partial_lse.amax(dim=1, keepdim=True)  # [T, 1, H]
+    w = torch.exp2(partial_lse - lse_max)
+    total = w.sum(dim=1, keepdim=True)
+    out = ((w / total)[..., None] * partial_o.float()).sum(dim=1)
+    return out, (lse_max + torch.log2(total))[:, 0]
