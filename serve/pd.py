@@ -304,7 +304,7 @@ class DecodeWorker(_PDWorker):
         r.meta["pd_transfer"] = {
             "bytes": r.expected_bytes, "pages": len(r.lease.transfer_pages),
             "decode_prefix_len": r.lease.prefix_len, "prefill_cached_tokens": int(cached),
-            "transfer_ms": round(ms, 3)}
+            "wait_ms": round(ms, 3)}
         self.timeline.add(r.rid, "transfer_landed", room=r.room, bytes=r.expected_bytes, ms=ms)
         lp = None if lp != lp else lp  # nan: the prefill computed no logprob
         ev = self.eng.complete_import(r.rid, int(token), lp)

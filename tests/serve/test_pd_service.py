@@ -35,11 +35,16 @@ def cli_generate(ids: list[int], n: int) -> list[int]:
 
 
 def test_pd_greedy_tokens_match_mixed_and_glmlab_generate(pd, mixed):
-    via_router = generate(pd.url, PROMPT, 12)
-    direct = generate(mixed.children[0].url, PROMPT, 12)
+    via_router = generate(pd.url, PROMPT, 12, return_logprob=True)
+    direct = generate(mixed.children[0].url, PROMPT, 12, return_logprob=True)
     assert via_router["output_ids"] == direct["output_ids"] == cli_generate(PROMPT, 12)
     assert via_router["meta_info"]["completion_tokens"] == 12
     assert via_router["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
+    # the first token's logprob travels in the aux row; the rest come from decode
+    pd_lp = via_router["meta_info"]["output_token_logprobs"]
+    mixed_lp = direct["meta_info"]["output_token_logprobs"]
+    assert [t for _, t, _ in pd_lp] == via_router["output_ids"]
+    assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(pd_lp, mixed_lp, strict=True))
 
 
 def _page_bytes_and_state_bytes() -> tuple[int, int]:
