@@ -1,1 +1,25 @@
-"""glmlab: study and serve GLM-5.3-Flash."""
+"""glmlab: study and serve GLM-5.3-Flash.
+
+    from glmlab import LLM, SamplingParams
+    LLM("tiny").generate("Hello", SamplingParams(max_new_tokens=8))
+
+The names below are imported on first use, so ``import glmlab`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "LLM": "glmlab.engine.llm",
+    "SamplingParams": "glmlab.engine.sampler",
+    "ModelConfig": "glmlab.config",
+    "EngineConfig": "glmlab.config",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'glmlab' has no attribute {name!r}")

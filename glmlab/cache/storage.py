@@ -8,6 +8,12 @@ Per DSA layer (the main layers and the MTP layer):
 Per KDA layer:
 - ``conv``        [num_state_slots, 3*H*K, W-1]  the last W-1 pre-conv inputs,
 - ``recurrent``   [num_state_slots, H, K, V]     the delta-rule state.
+Per draft layer (optional, ``DraftKVSpec``; the speculative drafter writes it):
+- ``draft_kv``    [num_token_slots, width]       draft-model K/V rows at the *target's* token slots.
+
+Number formats (``CacheDtypes``): a float dtype stores values as they are; ``float8_e4m3fn`` for
+the latent or the pooled keys selects the scaled FP8 row layout of ``glmlab.cache.fp8`` (stored as
+uint8 rows; quantised on write, dequantised on read).
 
 This module owns storage and its number formats only. Which slots belong to whom (free lists,
 refcounts, prefix sharing) is the business of the pools built on top of it.
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from glmlab.cache.fp8 import FP8, latent_layout, pool_key_layout
 from glmlab.config import ModelConfig
 
 
@@ -28,17 +35,36 @@ class CacheDtypes:
     pool_keys: torch.dtype = torch.bfloat16
     recurrent: torch.dtype = torch.float32
     conv: torch.dtype = torch.bfloat16
+    tail: torch.dtype = torch.bfloat16  # raw indexer rows of the incomplete pool
 
     @classmethod
     def like(cls, dtype: torch.dtype) -> CacheDtypes:
         """Everything in the model dtype except the fp32 recurrent state (HF's reference cache)."""
-        return cls(latent=dtype, pool_keys=dtype, recurrent=torch.float32, conv=dtype)
+        return cls(latent=dtype, pool_keys=dtype, recurrent=torch.float32, conv=dtype, tail=dtype)
+
+
+@dataclass(frozen=True)
+class DraftKVSpec:
+    """Draft-model KV stored per target token slot: ``num_layers`` rows of ``width`` values."""
+
+    num_layers: int
+    width: int  # values per token per layer, e.g. 2 * kv_heads * head_dim
+    dtype: torch.dtype = torch.bfloat16
+
+    def bytes_per_token(self, tp: int = 1) -> int:
+        """Per GPU: draft attention heads are split over ``tp`` ranks."""
+        return self.num_layers * self.width * self.dtype.itemsize // tp
+
+
+def _rows(num: int, width: int, dtype: torch.dtype, device) -> torch.Tensor:
+    return torch.zeros(num, width, dtype=dtype, device=device)
 
 
 class ModelCache:
     def __init__(self, cfg: ModelConfig, num_token_slots: int, num_state_slots: int,
                  page_size: int = 64, dtypes: CacheDtypes | None = None,
-                 device: torch.device | str = "cpu", with_mtp: bool = True):
+                 device: torch.device | str = "cpu", with_mtp: bool = True,
+                 draft: DraftKVSpec | None = None):
         kpool = cfg.dsa.index_kpool
         if page_size % kpool or num_token_slots % page_size:
             raise ValueError(
@@ -47,57 +73,126 @@ class ModelCache:
         self.cfg, self.page_size = cfg, page_size
         self.num_token_slots, self.num_state_slots = num_token_slots, num_state_slots
         self.dtypes = dtypes or CacheDtypes()
+        self.draft = draft
         dt, d, k = self.dtypes, cfg.dsa, cfg.kda
+        self.latent_fp8 = latent_layout(d.kv_lora_rank) if dt.latent == FP8 else None
+        self.keys_fp8 = pool_key_layout(d.index_head_dim) if dt.pool_keys == FP8 else None
         dsa_layers = list(cfg.dsa_layers)
         if with_mtp and cfg.mtp_layer is not None:
             dsa_layers.append(cfg.mtp_layer)
-        self.latent = {i: torch.zeros(num_token_slots, d.kv_lora_rank, dtype=dt.latent,
-                                      device=device) for i in dsa_layers}
-        self.pool_keys = {i: torch.zeros(num_token_slots // kpool, d.index_head_dim,
-                                         dtype=dt.pool_keys, device=device) for i in dsa_layers}
+        lat_w, lat_t = ((self.latent_fp8.bytes_per_row, torch.uint8) if self.latent_fp8
+                        else (d.kv_lora_rank, dt.latent))
+        key_w, key_t = ((self.keys_fp8.bytes_per_row, torch.uint8) if self.keys_fp8
+                        else (d.index_head_dim, dt.pool_keys))
+        self.latent = {i: _rows(num_token_slots, lat_w, lat_t, device) for i in dsa_layers}
+        self.pool_keys = {i: _rows(num_token_slots // kpool, key_w, key_t, device)
+                          for i in dsa_layers}
         self.index_tail = {i: torch.zeros(num_state_slots, kpool, 2 * d.index_head_dim,
-                                          dtype=dt.pool_keys, device=device) for i in dsa_layers}
+                                          dtype=dt.tail, device=device) for i in dsa_layers}
         self.conv = {i: torch.zeros(num_state_slots, k.conv_channels, k.conv_kernel - 1,
                                     dtype=dt.conv, device=device) for i in cfg.kda_layers}
         self.recurrent = {i: torch.zeros(num_state_slots, k.num_heads, k.head_dim, k.head_dim,
                                          dtype=dt.recurrent, device=device) for i in cfg.kda_layers}
+        self.draft_kv = {j: _rows(num_token_slots, draft.width, draft.dtype, device)
+                         for j in range(draft.num_layers)} if draft else {}
 
     @property
     def num_pages(self) -> int:
         return self.num_token_slots // self.page_size
 
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.latent.values())).device
+
     # DSA rows -------------------------------------------------------------------------------
     def write_latent(self, layer: int, slots: torch.Tensor, c: torch.Tensor) -> None:
-        self.latent[layer][slots] = c.to(self.dtypes.latent)
+        rows = self.latent_fp8.pack(c) if self.latent_fp8 else c.to(self.dtypes.latent)
+        self.latent[layer][slots] = rows
 
     def read_latent(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return self.latent[layer][slots].to(dtype)
+        rows = self.latent[layer][slots]
+        return self.latent_fp8.unpack(rows, dtype) if self.latent_fp8 else rows.to(dtype)
 
     def write_pool_keys(self, layer: int, pool_slots: torch.Tensor, keys: torch.Tensor) -> None:
-        self.pool_keys[layer][pool_slots] = keys.to(self.dtypes.pool_keys)
+        rows = self.keys_fp8.pack(keys) if self.keys_fp8 else keys.to(self.dtypes.pool_keys)
+        self.pool_keys[layer][pool_slots] = rows
 
     def read_pool_keys(self, layer: int, pool_slots: torch.Tensor,
                        dtype: torch.dtype) -> torch.Tensor:
-        return self.pool_keys[layer][pool_slots].to(dtype)
+        rows = self.pool_keys[layer][pool_slots]
+        return self.keys_fp8.unpack(rows, dtype) if self.keys_fp8 else rows.to(dtype)
+
+    # Draft-model rows (same token slots as the target) --------------------------------------
+    def write_draft_kv(self, layer: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        self.draft_kv[layer][slots] = rows.to(self.draft_kv[layer].dtype)
+
+    def read_draft_kv(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.draft_kv[layer][slots].to(dtype)
 
     # Per-request state ----------------------------------------------------------------------
+    def _state_tensors(self) -> tuple[torch.Tensor, ...]:
+        return (*self.conv.values(), *self.recurrent.values(), *self.index_tail.values())
+
     def reset_state(self, slots: torch.Tensor) -> None:
         """Zero the recurrent, conv and tail state of fresh requests."""
-        for t in (*self.conv.values(), *self.recurrent.values(), *self.index_tail.values()):
+        for t in self._state_tensors():
             t[slots] = 0
 
     def copy_state(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy every per-request state tensor from slots ``src`` to slots ``dst``."""
-        for t in (*self.conv.values(), *self.recurrent.values(), *self.index_tail.values()):
+        for t in self._state_tensors():
             t[dst] = t[src]
 
     def state_bytes_per_slot(self) -> int:
-        tensors = (*self.conv.values(), *self.recurrent.values(), *self.index_tail.values())
-        return sum(t[0].numel() * t.element_size() for t in tensors)
+        return sum(t[0].numel() * t.element_size() for t in self._state_tensors())
 
     def bytes_per_token(self) -> int:
+        """Target KV bytes per token slot: latent rows plus pooled keys amortised over kpool."""
         kpool = self.cfg.dsa.index_kpool
         per_layer = [self.latent[i][0].numel() * self.latent[i].element_size()
                      + self.pool_keys[i][0].numel() * self.pool_keys[i].element_size() / kpool
                      for i in self.latent]
         return int(sum(per_layer))
+
+    def draft_bytes_per_token(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.draft_kv.values())
+
+    # For transfer engines -------------------------------------------------------------------
+    def regions(self) -> dict[str, tuple[torch.Tensor, str]]:
+        """Every storage tensor by name, with what its rows are addressed by: ``token`` (token
+        slot), ``pool`` (token slot // kpool) or ``state`` (state slot). A page of S tokens is
+        rows [p*S, (p+1)*S) of a token region and [p*S/kpool, (p+1)*S/kpool) of a pool region."""
+        out: dict[str, tuple[torch.Tensor, str]] = {}
+        for i in self.latent:
+            out[f"latent.{i}"] = (self.latent[i], "token")
+            out[f"pool_keys.{i}"] = (self.pool_keys[i], "pool")
+            out[f"index_tail.{i}"] = (self.index_tail[i], "state")
+        for i in self.conv:
+            out[f"conv.{i}"] = (self.conv[i], "state")
+            out[f"recurrent.{i}"] = (self.recurrent[i], "state")
+        for j, t in self.draft_kv.items():
+            out[f"draft_kv.{j}"] = (t, "token")
+        return out
+
+    def copy_from(self, src: ModelCache, src_pages: list[int], dst_pages: list[int],
+                  src_slot: int, dst_slot: int) -> int:
+        """Copy whole pages and one state slot from another cache of the same layout (the
+        in-process reference of a KV + state transfer); returns the bytes copied."""
+        if len(src_pages) != len(dst_pages) or src.page_size != self.page_size:
+            raise ValueError("page lists or page sizes differ")
+        theirs, moved = src.regions(), 0
+        s, kpool = self.page_size, self.cfg.dsa.index_kpool
+        for name, (dst, unit) in self.regions().items():
+            if name not in theirs or theirs[name][0].shape[1:] != dst.shape[1:]:
+                raise ValueError(f"cache layouts differ at {name}")
+            rows_per_page = {"token": s, "pool": s // kpool, "state": 0}[unit]
+            if unit == "state":
+                idx_src, idx_dst = [src_slot], [dst_slot]
+            else:
+                idx_src = [p * rows_per_page + r for p in src_pages for r in range(rows_per_page)]
+                idx_dst = [p * rows_per_page + r for p in dst_pages for r in range(rows_per_page)]
+            if idx_src:
+                rows = theirs[name][0][torch.tensor(idx_src, device=theirs[name][0].device)]
+                dst[torch.tensor(idx_dst, device=dst.device)] = rows.to(dst.device)
+                moved += rows.numel() * rows.element_size()
+        return moved

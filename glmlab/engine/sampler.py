@@ -76,3 +76,16 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of fp32 logits [N, V]; greedy rows in one argmax, the others each with
+    their own generator (so a row's draw does not depend on its batch). One host sync in all."""
+    out = logits.argmax(-1)  # [N]
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
+    if drawn:
+        picks = [torch.multinomial(filtered_probs(logits[i], params[i]), 1,
+                                   generator=generators[i]) for i in drawn]
+        out = out.index_put((torch.tensor(drawn, device=logits.device),), torch.cat(picks))
+    return out.tolist()

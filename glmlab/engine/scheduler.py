@@ -1,0 +1,255 @@
+"""Scheduler: which requests run this step and how many tokens each; what their results mean.
+
+``schedule()`` builds a ``Batch`` (no tensors) under two per-step budgets,
+``max_num_batched_tokens`` (everything) and ``max_prefill_tokens`` (prefill only):
+1. decode: every running request with one token to go, growing its pages as it crosses a page
+   boundary; when no page can be found, the newest running request is preempted (its lease is
+   released and it is recomputed later from its tokens: prompt plus what it already produced);
+2. prefill, oldest first: running requests in the middle of a prompt, then admissions from the
+   queue (first come, first served, while a state slot and pages for the request's known tokens
+   can be had and fewer than ``max_running`` run). Chunks are at most ``chunk_size`` tokens and
+   end on page boundaries (so the radix tree can take them), and in ``kv_and_state`` mode at the
+   positions where a state checkpoint is wanted. Without chunking, the first prompt of a step runs
+   whole whatever its length; later ones wait for a step with room.
+
+``update()`` advances every request by its entry, appends sampled tokens, finishes requests (stop
+token or string, EOS, max_new_tokens, context length) and hands their cache back.
+
+Requests that bring their own cache content (``imported``: a PD decode instance) are admitted into
+``AWAITING_IMPORT`` and join the running set when ``complete_import`` says the content is there;
+``hold_after_prefill`` requests (a PD prefill instance) park in ``HELD`` after their first token
+until ``release_held``. The scheduler knows nothing about tensors or the model.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from glmlab.cache.hybrid import HybridCache
+from glmlab.engine.config import EngineConfig, RadixMode
+from glmlab.engine.types import Batch, Entry, FinishReason, Phase, Req, Status, StepOutput
+from glmlab.trace.events import RequestEvent
+from glmlab.trace.tracer import NULL_TRACER, Tracer
+
+
+@dataclass
+class _StepBudget:
+    tokens: int
+    prefill: int
+
+    def take(self, n: int) -> None:
+        self.tokens -= n
+        self.prefill -= n
+
+    @property
+    def room(self) -> int:
+        return max(0, min(self.tokens, self.prefill))
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, cache: HybridCache, max_running: int,
+                 detokenize=None, tracer: Tracer = NULL_TRACER):
+        self.cfg, self.cache, self.max_running = cfg, cache, max_running
+        self.detokenize, self.tracer = detokenize, tracer
+        self.page_size = cache.page_size
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []  # admission order
+        self.parked: dict[str, Req] = {}  # AWAITING_IMPORT and HELD
+        self.num_steps = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, req: Req) -> None:
+        self.waiting.append(req)
+        self.tracer.emit(RequestEvent.now("add", req.rid, self.num_steps))
+
+    # ------------------------------------------------------------------ schedule
+    def schedule(self) -> Batch | None:
+        self.num_steps += 1
+        budget = _StepBudget(self.cfg.max_num_batched_tokens, self.cfg.max_prefill_tokens)
+        entries = self._decode_entries(budget)
+        entries += self._prefill_entries(budget)
+        return Batch(tuple(entries), self.num_steps) if entries else None
+
+    def _decode_entries(self, budget: _StepBudget) -> list[Entry]:
+        out = []
+        for req in list(self.running):
+            if req.status is not Status.RUNNING or req.extend_len != 1 or not req.output_ids:
+                continue
+            if budget.tokens < 1:
+                break
+            if self._grow(req, req.computed_len + 1):
+                out.append(Entry(req, req.computed_len, 1, Phase.DECODE, samples=True))
+                budget.tokens -= 1
+        return out
+
+    def _prefill_entries(self, budget: _StepBudget) -> list[Entry]:
+        out: list[Entry] = []
+        for req in self.running:
+            if req.extend_len > 1 or not req.output_ids:
+                self._add_chunk(req, budget, out)
+        while self.waiting and budget.room > 0:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            if req.status is Status.RUNNING and not self._add_chunk(req, budget, out):
+                break  # admitted but no room left this step: stop holding more pages idle
+        return out
+
+    def _add_chunk(self, req: Req, budget: _StepBudget, out: list[Entry]) -> bool:
+        start, todo = req.computed_len, req.extend_len
+        if not self.cfg.chunked_prefill:
+            n = todo if (todo <= budget.room or not out) else 0
+        else:
+            n = min(todo, budget.room, self.cfg.chunk_size)
+            end = (start + n) // self.page_size * self.page_size
+            if n < todo and end > start:
+                n = end - start
+        n = next((p - start for p in req.checkpoints if start < p < start + n), n)
+        if n <= 0:
+            return False
+        budget.take(n)
+        phase = Phase.DECODE if n == 1 and todo == 1 and req.output_ids else Phase.PREFILL
+        out.append(Entry(req, start, n, phase, samples=n == todo))
+        return True
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, req: Req) -> bool:
+        in_flight = sum(r.status is Status.AWAITING_IMPORT for r in self.parked.values())
+        if req.imported:
+            if len(self.running) + in_flight >= self.max_running + self.cfg.extra_slots:
+                return False
+        elif len(self.running) >= self.max_running:
+            return False
+        reserve = req.num_prompt if req.imported else len(req.token_ids)
+        seq = self.cache.acquire(req.token_ids, reserve, brings_state=req.imported)
+        if seq is None:
+            return False
+        req.cache, req.computed_len = seq, seq.prefix_len
+        if req.num_preemptions == 0:
+            req.cached_tokens = seq.prefix_len
+        if self.cfg.radix is RadixMode.KV_AND_STATE and not req.imported:
+            req.checkpoints = self._checkpoint_positions(req)
+        if req.imported:
+            req.status = Status.AWAITING_IMPORT
+            self.parked[req.rid] = req
+        else:
+            req.status = Status.RUNNING
+            self.running.append(req)
+        self.tracer.emit(RequestEvent.now("admit", req.rid, self.num_steps, seq.prefix_len))
+        return True
+
+    def _checkpoint_positions(self, req: Req) -> tuple[int, ...]:
+        """Where this prompt leaves the cached KV (so its siblings can reuse the state there), and
+        its last page boundary (so a longer follow-up prompt can)."""
+        s, last = self.page_size, len(req.token_ids) - 1
+        branch = self.cache.kv_prefix_len(req.token_ids[:last])
+        wanted = {branch, last // s * s}
+        return tuple(sorted(p for p in wanted if p > req.computed_len))
+
+    # ------------------------------------------------------------------ memory pressure
+    def _grow(self, req: Req, num_tokens: int) -> bool:
+        while not self.cache.grow(req.cache, num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Req) -> None:
+        self.cache.release(req.cache, req.token_ids, req.computed_len)
+        self.running.remove(req)
+        req.cache, req.computed_len, req.checkpoints = None, 0, ()
+        req.status, req.imported = Status.WAITING, False  # recomputed here from its tokens
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.tracer.emit(RequestEvent.now("preempt", req.rid, self.num_steps))
+
+    # ------------------------------------------------------------------ update
+    def update(self, batch: Batch, tokens: list[int]) -> list[StepOutput]:
+        outs, sampled = [], iter(tokens)
+        for e in batch.entries:
+            req = e.req
+            token = next(sampled) if e.samples else None
+            req.computed_len += e.num_tokens
+            if e.phase is Phase.PREFILL and req.computed_len % self.page_size == 0:
+                self.cache.commit(req.cache, req.token_ids, req.computed_len, checkpoint=True)
+            if token is None:
+                continue
+            req.token_ids.append(token)
+            reason = self._finish_reason(req)
+            if reason is None and req.hold_after_prefill:
+                reason = FinishReason.PREFILLED
+            outs.append(StepOutput(req.rid, (token,), reason is not None, reason, req.stop_str))
+            if reason is FinishReason.PREFILLED:
+                self._park_held(req)
+            elif reason is not None:
+                self._finish(req, reason)
+        return outs
+
+    def _finish_reason(self, req: Req) -> FinishReason | None:
+        if req.token_ids[-1] in req.stop_ids:
+            return FinishReason.STOP
+        if req.params.stop and self.detokenize is not None:
+            text = self.detokenize(req.output_ids)
+            hit = [s for s in req.params.stop if s in text]
+            if hit:
+                req.stop_str = min(hit, key=text.index)
+                return FinishReason.STOP
+        if len(req.token_ids) >= req.max_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        if req.cache is not None:
+            self.cache.release(req.cache, req.token_ids, req.computed_len)
+            req.cache = None
+        if req in self.running:
+            self.running.remove(req)
+        self.parked.pop(req.rid, None)
+        req.status, req.finish_reason = Status.FINISHED, reason
+        self.tracer.emit(RequestEvent.now(reason.value, req.rid, self.num_steps))
+
+    def _park_held(self, req: Req) -> None:
+        self.running.remove(req)
+        req.status = Status.HELD
+        self.parked[req.rid] = req
+
+    # ------------------------------------------------------------------ outside events
+    def abort(self, rid: str) -> StepOutput | None:
+        req = self.parked.get(rid) or next((r for r in (*self.running, *self.waiting)
+                                            if r.rid == rid), None)
+        if req is None:
+            return None
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._finish(req, FinishReason.ABORT)
+        return StepOutput(rid, (), True, FinishReason.ABORT)
+
+    def complete_import(self, rid: str, first_token: int) -> StepOutput:
+        """The imported content of ``rid`` is in the cache; it decodes from ``first_token``."""
+        req = self.parked.get(rid)
+        if req is None or req.status is not Status.AWAITING_IMPORT:
+            raise ValueError(f"no request {rid!r} is waiting for an import")
+        del self.parked[rid]
+        req.computed_len = req.num_prompt
+        req.token_ids.append(first_token)
+        s = self.page_size
+        self.cache.commit(req.cache, req.token_ids, req.num_prompt // s * s, checkpoint=False)
+        reason = self._finish_reason(req)
+        if reason is not None:
+            self._finish(req, reason)
+        else:
+            req.status = Status.RUNNING
+            self.running.append(req)
+        return StepOutput(rid, (first_token,), reason is not None, reason, req.stop_str)
+
+    def release_held(self, rid: str) -> None:
+        req = self.parked.get(rid)
+        if req is None or req.status is not Status.HELD:
+            raise ValueError(f"no request {rid!r} is held after prefill")
+        self._finish(req, FinishReason.PREFILLED)
