@@ -73,8 +73,8 @@ def measure_ceilings(quick: bool = False) -> dict:
     one = torch.ones((), device="cuda")
     fp8_us = _time_us(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16), quick)
     flops = 2.0 * m**3
-    return {"hbm_tbps": 2 * n / copy_us / 1e6, "bf16_tflops": flops / bf16_us / 1e6,
-            "fp8_tflops": flops / fp8_us / 1e6}
+    return {"ceiling_hbm_tbps": 2 * n / copy_us / 1e6, "ceiling_bf16_tflops": flops / bf16_us / 1e6,
+            "ceiling_fp8_tflops": flops / fp8_us / 1e6}
 
 
 # ---------------------------------------------------------------------------------- workload
@@ -160,8 +160,8 @@ def _one_case(sm, q, kv, lay, idx, cfg, rule, ref, ref_us, requests, ceilings, q
         "torch_ref_us": ref_us, "speedup_vs_torch": ref_us / total_us, "rel_err_vs_ref": err,
         "tflops": flops / total_us / 1e6, "hbm_tbps": hbm / total_us / 1e6,
         "gather_tbps": gathered / total_us / 1e6,
-        "frac_bf16_peak": flops / total_us / 1e6 / ceilings["bf16_tflops"],
-        "frac_hbm": hbm / total_us / 1e6 / ceilings["hbm_tbps"], **ceilings,
+        "frac_bf16_peak": flops / total_us / 1e6 / ceilings["ceiling_bf16_tflops"],
+        "frac_hbm": hbm / total_us / 1e6 / ceilings["ceiling_hbm_tbps"], **ceilings,
     }
 
 
@@ -269,9 +269,11 @@ def block_speedups(results: list[dict]) -> list[dict]:
     for (k, b), r in sorted(by.items()):
         if b == 32 and (k, 128) in by:
             r128 = by[(k, 128)]
+            now = choose_block(H200, MlaKVLayout(KVFormat(k[2]), RANK), k[0], k[1])
             out.append({"rows": k[0], "heads": k[1], "layout": k[2], "heads_per_cta": k[3],
                         "block32_us": r["total_us"], "block128_us": r128["total_us"],
-                        "speedup_128_over_32": r["total_us"] / r128["total_us"]})
+                        "speedup_128_over_32": r["total_us"] / r128["total_us"],
+                        "rule_now": f"{now.block_i}x{now.heads_per_cta}"})
     return out
 
 
@@ -287,7 +289,7 @@ def figures(results: list[dict]):
         time_fig.add_bar(name=f"block {b}", x=labels, y=[r["total_us"] for r in sel])
         rate_fig.add_bar(name=f"block {b}", x=labels, y=[r["tflops"] for r in sel])
     if mla:
-        rate_fig.add_hline(y=mla[0]["bf16_tflops"], annotation_text="bf16 matmul, same run")
+        rate_fig.add_hline(y=mla[0]["ceiling_bf16_tflops"], annotation_text="bf16 matmul, same run")
     time_fig.update_layout(title="sparse MLA Partial + Combine (us)", barmode="group")
     rate_fig.update_layout(title="sparse MLA TFLOP/s", barmode="group")
     return time_fig, rate_fig
@@ -315,7 +317,8 @@ def markdown_table(rows: list[dict], digits: int = 3) -> str:
     if not rows:
         return "(no rows)"
     cols = list(rows[0])
-    fmt = lambda v: f"{v:.{digits}g}" if isinstance(v, float) else str(v)
+    fmt = lambda v: (f"{v:.1f}" if abs(v) >= 10 else f"{v:.{digits}g}") if isinstance(v, float) \
+        else str(v)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

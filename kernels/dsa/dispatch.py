@@ -3,15 +3,18 @@
 ``choose_block(arch, kv_layout, query_rows, heads)`` returns a frozen ``SparseMlaConfig``; nothing
 here touches a GPU, so the rule is unit-tested on CPU and printed beside every benchmark row.
 
-The rule (TECHNIQUES.md section 4.2; the seed's block-128 change):
-- KV tile width ``block_i``: 128 on SM90 with an FP8 KV layout when the query parallelism alone
-  (query rows x head groups) fills the machine, else 32. Wider tiles mean fewer online-softmax
-  updates and accumulator rescales (66 -> 17 iterations at index width 2112); a 128-row tile needs
-  one CTA per SM's worth of work to hide its longer gather, hence the parallelism condition. The
-  condition is on architecture, layout and parallelism, never on an exact batch size.
+The rule, measured (H200, 2026-11-30, data/bench/dsa.jsonl; NOTES.md has the table):
 - Heads per CTA: 64 when the head count allows it (one gathered KV tile serves 64 heads, and the
-  64-row GEMMs lower to Hopper wgmma), else 16 (the TP4 rank of GLM-5.3-Flash has 16 heads; 16-row
-  GEMMs lower to mma.sync).
+  64-row GEMMs lower to Hopper wgmma with two warpgroups), else 16 (a TP4 rank of GLM-5.3-Flash
+  has 16 heads; 16-row GEMMs lower to mma.sync). For H = 64, 64-head CTAs ran 3.2-3.4x faster.
+- KV tile width ``block_i``: 128 on SM90 for 64-head CTAs whose tiles fit shared memory, else 32.
+  Measured: 64-head CTAs were 1.23-1.34x faster with 128-wide tiles at every M (128, 768, 1024)
+  and KV layout (the seed saw 1.12x for its FP8 kernel at M1024); 16-head CTAs were 1.5-1.7x
+  *slower* with them, because this kernel does not pipeline the tile loop: a 128-wide tile takes
+  ~150 KB of shared memory, so one 128-thread CTA per SM is left with nothing to hide the gather
+  behind, while 32-wide tiles fit four CTAs per SM. The seed's rule (FP8 KV + enough query
+  parallelism -> 128) described its kernel, not this one; the layout enters here only through
+  the shared-memory budget (rank x tile).
 - KV splits: 1 when the grid already covers every SM (Combine then has nothing to merge and is
   skipped), else the smallest power of two that does, at most 16.
 
@@ -22,9 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
+from glmlab.kernels.dsa.layout import MlaKVLayout
 
 MAX_SPLITS = 16
+SM90_SMEM_PER_CTA = 227 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,19 +89,24 @@ def choose_splits(arch: GpuArch, query_rows: int, heads: int, heads_per_cta: int
     return splits
 
 
+def smem_bytes(rank: int, block_i: int, heads_per_cta: int) -> int:
+    """Shared memory of one Partial CTA: bf16 queries, bf16 KV tile, bf16 probabilities (+ slack
+    for indices, scales and reduction workspaces)."""
+    return 2 * rank * (heads_per_cta + block_i) + 2 * heads_per_cta * block_i + 4096
+
+
 def choose_block(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int,
                  block_i: int | None = None, heads_per_cta: int | None = None) -> SparseMlaConfig:
     """The tile config for one call; ``block_i``/``heads_per_cta`` force a choice (benchmarks).
 
     Example:
         >>> from glmlab.kernels.dsa.layout import FP8_RAW_512
-        >>> choose_block(H200, FP8_RAW_512, query_rows=1024, heads=16).describe()
-        'block_i=128 heads_per_cta=16 splits=1 threads=128'
+        >>> choose_block(H200, FP8_RAW_512, query_rows=1024, heads=64).describe()
+        'block_i=128 heads_per_cta=64 splits=1 threads=256'
     """
     hpc = heads_per_cta or heads_per_cta_for(heads)
-    ctas = max(1, query_rows) * -(-heads // hpc)
-    fp8 = kv_layout.format in (KVFormat.FP8_RAW, KVFormat.FP8_SCALED)
     if block_i is None:
-        block_i = 128 if arch.major == 9 and fp8 and ctas >= arch.num_sms else 32
+        wide_fits = smem_bytes(kv_layout.rank, 128, hpc) <= SM90_SMEM_PER_CTA
+        block_i = 128 if arch.major == 9 and hpc == 64 and wide_fits else 32
     splits = choose_splits(arch, query_rows, heads, hpc)
     return SparseMlaConfig(block_i, hpc, splits, 256 if hpc == 64 else 128)

@@ -6,12 +6,14 @@ import pytest
 
 from glmlab.kernels.dsa.dispatch import (
     H200,
+    SM90_SMEM_PER_CTA,
     GpuArch,
     SparseMlaConfig,
     choose_block,
+    smem_bytes,
     tile_iterations,
 )
-from glmlab.kernels.dsa.layout import BF16_512, FP8_RAW_512, FP8_SCALED_512
+from glmlab.kernels.dsa.layout import BF16_512, FP8_RAW_512, FP8_SCALED_512, KVFormat, MlaKVLayout
 
 A100 = GpuArch(8, 0, 108)
 
@@ -23,14 +25,15 @@ def test_seed_iteration_counts():
 
 
 @pytest.mark.parametrize("arch,layout,rows,heads,block,hpc,splits", [
-    pytest.param(H200, FP8_RAW_512, 1024, 16, 128, 16, 1, id="seed-M1024-TP4-fp8"),
-    pytest.param(H200, FP8_SCALED_512, 768, 16, 128, 16, 1, id="M768-scaled"),
-    pytest.param(H200, FP8_RAW_512, 1000, 16, 128, 16, 1, id="nearby-M-same-choice"),
-    pytest.param(H200, FP8_RAW_512, 128, 16, 32, 16, 2, id="M128-too-few-ctas"),
-    pytest.param(H200, FP8_RAW_512, 128, 64, 32, 64, 2, id="M128-64heads-one-cta-per-row"),
-    pytest.param(H200, FP8_RAW_512, 768, 64, 128, 64, 1, id="M768-64heads"),
-    pytest.param(H200, BF16_512, 1024, 16, 32, 16, 1, id="bf16-stays-32"),
-    pytest.param(A100, FP8_RAW_512, 1024, 16, 32, 16, 1, id="not-sm90"),
+    pytest.param(H200, FP8_RAW_512, 1024, 64, 128, 64, 1, id="M1024-64heads-wide-tiles"),
+    pytest.param(H200, BF16_512, 768, 64, 128, 64, 1, id="bf16-64heads-wide-too"),
+    pytest.param(H200, FP8_SCALED_512, 128, 64, 128, 64, 2, id="M128-64heads-two-splits"),
+    pytest.param(H200, FP8_RAW_512, 1024, 16, 32, 16, 1, id="TP4-rank-16heads-stays-32"),
+    pytest.param(H200, FP8_RAW_512, 1000, 16, 32, 16, 1, id="nearby-M-same-choice"),
+    pytest.param(H200, FP8_RAW_512, 128, 16, 32, 16, 2, id="M128-16heads-too-few-ctas"),
+    pytest.param(A100, FP8_RAW_512, 1024, 64, 32, 64, 1, id="not-sm90"),
+    pytest.param(H200, MlaKVLayout(KVFormat.BF16, 1024), 1024, 64, 32, 64, 1,
+                 id="rank-1024-wide-tile-does-not-fit"),
     pytest.param(H200, FP8_RAW_512, 1, 16, 32, 16, 16, id="decode-one-row-max-splits"),
     pytest.param(H200, FP8_RAW_512, 3, 2, 32, 16, 16, id="tiny-heads-padded-to-16"),
 ])
@@ -44,6 +47,7 @@ def test_rule(arch, layout, rows, heads, block, hpc, splits):
 def test_forced_choices_and_validation():
     cfg = choose_block(H200, BF16_512, 1024, 64, block_i=128, heads_per_cta=16)
     assert (cfg.block_i, cfg.heads_per_cta, cfg.num_splits) == (128, 16, 1)
+    assert smem_bytes(512, 128, 64) <= SM90_SMEM_PER_CTA < smem_bytes(1024, 128, 64)
     with pytest.raises(ValueError):
         SparseMlaConfig(block_i=48, heads_per_cta=16, num_splits=1, threads=128)
     with pytest.raises(ValueError):
