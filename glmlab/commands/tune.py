@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
-from glmlab.kernels.moe.configs import CONFIG_DIR, MoEShape, save_table
+from glmlab.kernels.moe.configs import CONFIG_DIR, MoEShape, merge_tables, read_table, save_table
 from glmlab.kernels.moe.fused_moe import device_name
 from glmlab.kernels.moe.samples import (
     RoutingSamples,
@@ -54,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     moe.add_argument("--heldout-fraction", type=float, default=0.25)
     moe.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     moe.add_argument("--out", default=str(CONFIG_DIR), help="config table directory")
+    moe.add_argument("--update", action="store_true",
+                     help="keep the other M entries of an existing table in --out")
     moe.add_argument("--report", default="data/bench/moe_tune.jsonl")
     moe.add_argument("--no-progress", action="store_true")
     add_dataclass_args(moe, TuneOptions, defaults={"tokens": GLM_TOKENS})
@@ -121,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
                                  routes=options.routes, heldout_routes=options.heldout_routes,
                                  skipped=result.skipped, triton=_triton_version())
         shape = MoEShape(e, samples.top_k, *dims)
-        written += save_table(result.table, shape, device_name(device), Path(args.out))
+        table = result.table
+        if args.update:
+            table = merge_tables(read_table(shape, device_name(device), Path(args.out)), table)
+        written += save_table(table, shape, device_name(device), Path(args.out))
         rows = [{**r, "space": args.space, "samples": samples.source,
                  "device_name": device_name(device)} for r in result.rows]
         if args.report:  # per E, so a run cut short keeps what it finished

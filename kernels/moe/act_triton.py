@@ -4,8 +4,9 @@
 writes E4M3 values plus one fp32 scale per 128 channels, the layout the down GEMM reads. It is
 bit-equal on a GPU to the *unfused* path (``ref.swiglu_quant_ref``: torch's clamped SwiGLU in the
 activation dtype, then per-group quantisation) because it repeats that path's roundings:
-``silu`` = g / (1 + expf(-g)) in fp32 with IEEE division, rounded to the activation dtype; times
-the clamped up, rounded again; absmax, scale and quotient as in ``quant_act_fp8``. The activation
+``silu`` = g / (1 + expf(-g)) in fp32 with IEEE division (torch's CUDA silu), rounded to the
+activation dtype; times the clamped up, rounded again; absmax, scale and quotient as torch's
+``quant_act_fp8`` computes them on the same device (``fp8.quant_triton``). The activation
 is therefore rounded to BF16 *before* the absmax, as the unfused kernel pair sees it.
 ``swiglu`` is the same kernel without quantisation (the plain path and the unfused baseline).
 
@@ -24,14 +25,15 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from glmlab.kernels.fp8 import interpret_casts
+from glmlab.kernels.fp8.quant_triton import INV_FP8_MAX, group_scale
 from glmlab.kernels.fp8.ref import FP8, FP8_MAX
 
 
 @triton.jit
 def _swiglu_kernel(h_ptr, y_ptr, q_ptr, s_ptr, num_rows_ptr, I, num_groups, limit,
                    stride_h, stride_y, stride_s,
-                   QUANT: tl.constexpr, FP8_MAX_C: tl.constexpr, GROUP: tl.constexpr,
-                   UNITS: tl.constexpr, PRECISE: tl.constexpr):
+                   QUANT: tl.constexpr, FP8_MAX_C: tl.constexpr, INV_FP8_MAX_C: tl.constexpr,
+                   GROUP: tl.constexpr, UNITS: tl.constexpr, PRECISE: tl.constexpr):
     # A program takes UNITS (row, 128-channel group) units, row-major: [UNITS, GROUP] tiles.
     unit = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
     row = unit // num_groups
@@ -57,9 +59,9 @@ def _swiglu_kernel(h_ptr, y_ptr, q_ptr, s_ptr, num_rows_ptr, I, num_groups, limi
     if QUANT:
         yf = y.to(tl.float32)
         amax = tl.max(tl.abs(yf), axis=1)  # [UNITS]
-        # div_rn does not broadcast: give both operands the full shape.
-        scale = tl.math.div_rn(tl.maximum(amax, 1e-12), tl.full([UNITS], FP8_MAX_C, tl.float32))
-        q = tl.math.div_rn(yf, scale[:, None] + tl.zeros_like(yf))
+        # as torch on this device (fp8.quant_triton): CUDA multiplies by fl(1/448)
+        scale = group_scale(amax, FP8_MAX_C, INV_FP8_MAX_C, UNITS, PRECISE)
+        q = tl.math.div_rn(yf, scale[:, None] + tl.zeros_like(yf))  # div_rn does not broadcast
         q = tl.minimum(tl.maximum(q, -FP8_MAX_C), FP8_MAX_C)
         tl.store(q_ptr + row64 * stride_y + cols, q.to(q_ptr.dtype.element_ty), mask=ok)
         tl.store(s_ptr + row.to(tl.int64) * stride_s + g, scale, mask=row_ok)
@@ -70,7 +72,7 @@ def _swiglu_kernel(h_ptr, y_ptr, q_ptr, s_ptr, num_rows_ptr, I, num_groups, limi
 _UNITS = 16  # (row, group) units per program: 16 x 128 channels
 
 
-def _launch_swiglu(h, limit, num_rows, quant: bool, group: int):
+def _launch_swiglu(h, limit, num_rows, quant: bool, group: int, units: int = _UNITS):
     if not h.is_cuda:
         interpret_casts.install()
     rows, two_i = h.shape
@@ -81,10 +83,11 @@ def _launch_swiglu(h, limit, num_rows, quant: bool, group: int):
     if num_rows is None:
         num_rows = torch.full((1,), rows, dtype=torch.int32, device=h.device)
     if rows:
-        grid = (triton.cdiv(rows * num_groups, _UNITS),)
+        grid = (triton.cdiv(rows * num_groups, units),)
         _swiglu_kernel[grid](h, y, y, s, num_rows, inter, num_groups, float(limit), h.stride(0),
                              y.stride(0), s.stride(0), QUANT=quant, FP8_MAX_C=FP8_MAX,
-                             GROUP=group, UNITS=_UNITS, PRECISE=h.is_cuda, num_warps=4)
+                             INV_FP8_MAX_C=INV_FP8_MAX, GROUP=group, UNITS=units,
+                             PRECISE=h.is_cuda, num_warps=4 if units <= 16 else 8)
     return y, s
 
 

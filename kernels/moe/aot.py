@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from glmlab.kernels.fp8 import quant_triton
+from glmlab.kernels.fp8.quant_triton import INV_FP8_MAX
 from glmlab.kernels.moe import act_triton, gemm_triton, routing_triton
 from glmlab.kernels.moe.configs import KernelConfig
 
@@ -110,12 +111,14 @@ def compile_support_kernels(act: str = "bf16") -> list[Compiled]:
                      {"h_ptr": f"*{act}", "y_ptr": "*fp8e4nv", "q_ptr": "*fp8e4nv",
                       "s_ptr": "*fp32", "num_rows_ptr": "*i32", "I": i32, "num_groups": i32,
                       "limit": "fp32", "stride_h": i32, "stride_y": i32, "stride_s": i32},
-                     dict(QUANT=True, FP8_MAX_C=448.0, GROUP=128, UNITS=16, PRECISE=True)),
+                     dict(QUANT=True, FP8_MAX_C=448.0, INV_FP8_MAX_C=INV_FP8_MAX, GROUP=128,
+                          UNITS=16, PRECISE=True)),
         compile_sm90(quant_triton._quant_act_kernel,
                      {"x_ptr": f"*{act}", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32",
                       "num_rows_ptr": "*i32", "K": i32, "num_groups": i32, "total_rows": i32,
                       "stride_x": i32, "stride_q": i32, "stride_s": i32},
-                     dict(FP8_MAX_C=448.0, GROUP=128, UNITS=16, HAS_NUM_ROWS=True)),
+                     dict(FP8_MAX_C=448.0, INV_FP8_MAX_C=INV_FP8_MAX, GROUP=128, UNITS=16,
+                          HAS_NUM_ROWS=True, SCALE_BY_RECIPROCAL=True)),
         compile_sm90(act_triton._combine_kernel,
                      {"pair_ptr": f"*{act}", "ids_ptr": "*i32", "out_ptr": f"*{act}", "D": i32,
                       "num_experts": i32}, dict(TOP_K=8, BLOCK_D=1024)),

@@ -90,6 +90,14 @@ class ConfigTable:
                 raise ValueError(f"M={m}: up and down configs must share BLOCK_SIZE_M")
 
 
+def merge_tables(base: ConfigTable | None, update: ConfigTable) -> ConfigTable:
+    """``base`` with the M entries of ``update`` replacing or adding to its own."""
+    if base is None:
+        return update
+    meta = {**base.meta, "updated": {"M": sorted(update.up), **update.meta}}
+    return ConfigTable({**base.up, **update.up}, {**base.down, **update.down}, meta)
+
+
 def choose_config(num_tokens: int, table: ConfigTable | None = None
                   ) -> tuple[KernelConfig, KernelConfig]:
     """(gate_up config, down config) for a batch of ``num_tokens`` tokens.

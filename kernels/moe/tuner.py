@@ -63,9 +63,17 @@ REDUCED = SearchSpace(tuple(
     + _grid(32, [(64, 16, 4, 4), (128, 16, 4, 3), (128, 16, 4, 4)])
     + _grid(64, [(128, 32, 4, 3), (128, 16, 4, 4), (256, 16, 8, 3), (64, 16, 4, 4)])
     + _grid(128, [(128, 16, 8, 3), (128, 16, 4, 3), (256, 16, 8, 3)])))
+# REDUCED plus more stages / widths / warps around it (49 configs per GEMM): the refinement pass
+# for the headline M values.
+WIDE = SearchSpace(tuple(dict.fromkeys(REDUCED.configs + tuple(
+    _grid(16, [(n, 16, 4, s) for n in (64, 128) for s in (3, 4, 5)] + [(256, 16, 4, 3)])
+    + _grid(32, [(n, 16, 4, s) for n in (64, 128) for s in (3, 4, 5)] + [(128, 16, 8, 4)])
+    + _grid(64, [(n, g, w, s) for n in (64, 128, 256) for g in (1, 16) for w in (4, 8)
+                 for s in (3, 4)])
+    + _grid(128, [(n, 16, w, s) for n in (128, 256) for w in (4, 8) for s in (3, 4)])))))
 # Two configs per GEMM for CPU runs under the interpreter (tests, the notebook).
 CPU_SPACE = SearchSpace((KernelConfig(16, 32, 32, 1, 4, 2), KernelConfig(32, 64, 64, 4, 4, 2)))
-SPACES = {"full": SearchSpace.product(), "reduced": REDUCED, "cpu": CPU_SPACE}
+SPACES = {"full": SearchSpace.product(), "wide": WIDE, "reduced": REDUCED, "cpu": CPU_SPACE}
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ class TuneOptions:
     tokens: tuple[int, ...]
     routes: int = 3  # training routes per M
     heldout_routes: int = 2
-    candidates: int = 3  # best pairs (by training time) re-timed on held-out routes
+    candidates: int = 3  # BLOCK_SIZE_M classes whose best pairs are re-timed on held-out routes
     time_budget_s: float | None = None  # M values not started within it are skipped
     numerics_tol: float = 2e-2  # relative L2 error of the fused MoE vs the FP8 reference
     seed: int = 0
@@ -225,7 +233,13 @@ def _tune_m(problem, m, routes: RouteSource, options, configs, timer, bar):
     ranked = sorted(best.values(), key=lambda b: b[0])
     _, win_up, win_down = ranked[0]
     held = _Bench(problem, routes(m, options.heldout_routes, "heldout"), timer, options.seed + 99)
-    cands = {(u, d): held.pair(u, d) for _, u, d in ranked[:options.candidates]}
+    # Held-out candidates: the runners-up inside the winning BLOCK_SIZE_M (2 best up x 2 best
+    # down, the close calls) and the best pair of the next BLOCK_SIZE_M classes.
+    same_bm = [c for c in configs if c.block_m == win_up.block_m]
+    ups, downs = sorted(same_bm, key=t_up.get)[:2], sorted(same_bm, key=t_down.get)[:2]
+    pairs = [(u, d) for u in ups for d in downs] + [(u, d) for _, u, d in
+                                                    ranked[1:options.candidates]]
+    cands = {pair: held.pair(*pair) for pair in dict.fromkeys(pairs)}
     held_default = held.pair(DEFAULT_CONFIG, DEFAULT_CONFIG)
     real, padded = train.padding(win_up.block_m)
     default_train = t_up[DEFAULT_CONFIG] + t_down[DEFAULT_CONFIG]

@@ -13,6 +13,7 @@ from glmlab.kernels.moe.configs import (
     KernelConfig,
     MoEShape,
     choose_config,
+    merge_tables,
     read_table,
     save_table,
     table_filename,
@@ -71,3 +72,14 @@ def test_shipped_tables_parse():
         shape = MoEShape(**{**doc["shape"], "block": tuple(doc["shape"]["block"])})
         table = read_table(shape, doc["device"])
         assert table is not None and table.up and set(table.up) == set(table.down)
+
+
+def test_merge_tables_updates_only_the_new_m():
+    base = ConfigTable({1: KernelConfig(16), 1024: KernelConfig(64)},
+                       {1: KernelConfig(16), 1024: KernelConfig(64)}, meta={"space": "reduced"})
+    new = ConfigTable({1024: KernelConfig(128, 256)}, {1024: KernelConfig(128)},
+                      meta={"space": "wide"})
+    merged = merge_tables(base, new)
+    assert merged.up == {1: KernelConfig(16), 1024: KernelConfig(128, 256)}
+    assert merged.meta["space"] == "reduced" and merged.meta["updated"]["space"] == "wide"
+    assert merge_tables(None, new) is new
