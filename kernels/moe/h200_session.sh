@@ -50,7 +50,7 @@ fi
 
 stamp refine-wide
 timeout 110 python3 -m glmlab.cli tune moe --samples "$SAMPLES" --experts 288 --space wide \
-  --routes 3 --heldout-routes 2 --tokens 1024,8192 --update --out "$OUT/configs" \
+  --routes 3 --heldout-routes 2 --tokens 1024,8192 --time-budget-s 60 --update --out "$OUT/configs" \
   --report "$OUT/moe_tune.jsonl" --no-progress
 
 stamp bench
