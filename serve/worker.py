@@ -162,7 +162,8 @@ def build_backend(wc: WorkerConfig) -> Worker:
     adapter = EngineAdapter.load(wc)
     if wc.spec.role is Role.MIXED:
         return MixedWorker(wc, adapter)
-    from glmlab.serve.pd import DecodeWorker, PrefillWorker
+    from glmlab.serve.decode import DecodeWorker
+    from glmlab.serve.pd import PrefillWorker
 
     return (PrefillWorker if wc.spec.role is Role.PREFILL else DecodeWorker)(wc, adapter)
 
