@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import types
 import typing
 from typing import Any
@@ -54,11 +55,15 @@ def add_dataclass_args(
                 type=lambda s, item=item: tuple(item(x) for x in s.split(",") if x),
                 help="comma-separated",
             )
-        elif isinstance(tp, type) and issubclass(tp, dataclasses.Field):
-            continue
+        elif dataclasses.is_dataclass(tp):  # nested config: --backends-kda fla, ...
+            add_dataclass_args(parser, tp, prefix=f"{prefix}{f.name}-")
         else:
             conv = tp if tp in (int, float, str) else str
-            parser.add_argument(flag, dest=dest, type=conv, default=default)
+            if isinstance(default, enum.Enum):  # show and parse "fp8", not "KVDtype.FP8"
+                default = default.value
+            choices = [e.value for e in tp] if isinstance(tp, type) and issubclass(
+                tp, enum.Enum) else None
+            parser.add_argument(flag, dest=dest, type=conv, default=default, choices=choices)
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -70,10 +75,15 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def dataclass_from_args(cls: type, ns: argparse.Namespace, prefix: str = "", **overrides: Any):
+    hints = typing.get_type_hints(cls)
     values = {}
     for f in dataclasses.fields(cls):
         dest = prefix.replace("-", "_") + f.name
-        if hasattr(ns, dest):
+        tp, _ = _base(hints[f.name])
+        if dataclasses.is_dataclass(tp) and any(
+                k.startswith(dest + "_") for k in vars(ns)):
+            values[f.name] = dataclass_from_args(tp, ns, prefix=f"{prefix}{f.name}-")
+        elif hasattr(ns, dest):
             values[f.name] = getattr(ns, dest)
     values.update(overrides)
     return cls(**values)

@@ -31,16 +31,17 @@ from glmlab.cache.hybrid import CacheStats
 from glmlab.cache.storage import CacheDtypes
 from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.writer import write_random_checkpoint
-from glmlab.cliargs import add_dataclass_args
+from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
 from glmlab.engine.sampler import SamplingParams
 from glmlab.env import cache_dir
+from glmlab.model.backends import Backends
 from glmlab.model.session import Session
 from glmlab.tokenizer import Tokenizer
 from glmlab.trace.tracer import RecordingTracer
 
-_ENGINE_EXCLUDE = ("device", "dtype", "backends", "seed", "print_budget")
+_ENGINE_EXCLUDE = ("device", "dtype", "seed", "print_budget")
 
 
 def checkpoint(args) -> Path:
@@ -181,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     engine = {f: getattr(args, f) for f in EngineConfig.__dataclass_fields__
               if f not in _ENGINE_EXCLUDE and hasattr(args, f)}
+    engine["backends"] = dataclass_from_args(Backends, args, prefix="backends-")
     cfg = EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, **engine)
     row = agreement(args) if args.agreement else throughput(args, cfg)
     name = "engine-kv-agreement" if args.agreement else "engine"

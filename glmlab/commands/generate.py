@@ -9,9 +9,10 @@ from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.llm import LLM
 from glmlab.engine.sampler import SamplingParams
+from glmlab.model.backends import Backends
 
 HELP = "generate a continuation (greedy by default) from --prompt or --prompt-ids"
-_ENGINE_EXCLUDE = ("device", "dtype", "backends", "seed", "print_budget")
+_ENGINE_EXCLUDE = ("device", "dtype", "seed", "print_budget")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     params = dataclass_from_args(SamplingParams, args)
     engine = {f: getattr(args, f) for f in EngineConfig.__dataclass_fields__
               if f not in _ENGINE_EXCLUDE and hasattr(args, f)}
+    engine["backends"] = dataclass_from_args(Backends, args, prefix="backends-")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, print_budget=False, **engine)
     prompt = _prompt_ids(args)
     if not prompt:

@@ -24,7 +24,7 @@ HELP = ("serve a checkpoint (default: the tiny preset) as 1P1D behind sglang-rou
         "127.0.0.1:30000, with NIXL transfers; SGLang /generate and OpenAI /v1 APIs")
 
 # engine fields that the service sets itself (device per instance) or that are not flags
-_ENGINE_EXCLUDE = ("device", "backends", "print_budget")
+_ENGINE_EXCLUDE = ("device", "backends", "print_budget")  # workers run the torch ops
 
 
 def _enum_defaults(cls) -> dict:
