@@ -6,8 +6,10 @@ picks the pair jointly: both GEMMs share one alignment, so for each BLOCK_SIZE_M
 up and the best down config and then the BLOCK_SIZE_M with the smallest up + down time. The
 winner and the runners-up are re-timed on *held-out* routes (other samples: other steps/layers);
 the report gives the held-out speedup over the default config and the gap between the winner and
-the best candidate there. Each distinct winner then runs the whole fused MoE against the block-FP8
-reference with non-uniform weight and activation scales (numerics check).
+the best candidate there; a winner slower than the default on held-out routes is not written
+(``validation_guard``: the table keeps the default for that M). Each distinct winner then runs
+the whole fused MoE against the block-FP8 reference with non-uniform weight and activation
+scales (numerics check).
 
 Inputs are synthetic (random E4M3 weights with non-uniform block scales); only the routing is
 real, which is what decides the padding and per-expert load. The tuner knows nothing about files
@@ -252,8 +254,17 @@ def _tune_m(problem, m, routes: RouteSource, options, configs, timer, bar):
                heldout_best_us=min(cands.values()),
                heldout_gap=cands[(win_up, win_down)] / min(cands.values()) - 1.0,
                routes=options.routes, heldout_routes=options.heldout_routes,
-               configs_timed=len(configs))
+               configs_timed=len(configs), kept_default=False)
+    if validation_guard(row):
+        row["kept_default"] = True
+        return row, DEFAULT_CONFIG, DEFAULT_CONFIG
     return row, win_up, win_down
+
+
+def validation_guard(row: dict) -> bool:
+    """True when the training winner loses to the default config on the held-out routes: then
+    the table keeps the default (the training gain did not generalise)."""
+    return row["heldout_us"] > row["default_heldout_us"]
 
 
 def numerics_check(shape: MoEShape, up: KernelConfig, down: KernelConfig,
