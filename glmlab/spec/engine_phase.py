@@ -35,7 +35,7 @@ from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan, VerifyRecorder
 from glmlab.spec.commit import SpecStateStore
 from glmlab.spec.config import SpecConfig
-from glmlab.spec.cycle import CycleStats
+from glmlab.spec.cycle import PHASES, CycleStats
 from glmlab.spec.dflash import DFlashDraftModel
 from glmlab.spec.dflash_io import load_draft
 from glmlab.spec.draft_kv import DraftKVLayout
@@ -113,7 +113,8 @@ class SpecPhase:
                                     store_rows=num_rows)
         self.store = self.decoder.store
         self.free_rows = list(range(num_rows))[::-1]
-        self.row_of: dict[str, tuple[int, int]] = {}  # rid -> (state slot, store row)
+        self.row_of: dict[str, int] = {}  # rid -> store row
+        self.owner: dict[int, str] = {}  # state slot -> the rid last seen in it
         self.learned: dict[str, int] = {}  # rid -> positions the drafter has learned
         self.stats: list[CycleStats] = []
         self._last_end: float | None = None
@@ -142,7 +143,7 @@ class SpecPhase:
 
     def _plain(self, entries: list[Entry]) -> dict[int, int]:
         for e in entries:
-            self.layout.track(e.req)
+            self._track(e.req)
             if e.phase is Phase.PREFILL and e.start != self.learned.get(e.req.rid):
                 self.learned[e.req.rid] = e.start  # a new prompt, a recompute or a prefix hit
         rows = [e.req.cache.slot for e in entries]
@@ -187,7 +188,7 @@ class SpecPhase:
         start = time.perf_counter()
         reqs = []
         for e in entries:
-            self.layout.track(e.req)
+            self._track(e.req)
             self._bind(e.req)
             reqs.append(SpecRequest(row=e.req.cache.slot, params=e.req.params, committed=e.start,
                                     anchor=e.req.token_ids[-1], generator=e.req.generator))
@@ -201,39 +202,55 @@ class SpecPhase:
         return {id(e): toks for e, toks in zip(entries, result.emitted, strict=True)}
 
     # ------------------------------------------------------------------ rows and clean-up
+    def _track(self, req: Req) -> None:
+        self.layout.track(req)
+        self.owner[req.cache.slot] = req.rid
+
     def _bind(self, req: Req) -> None:
-        slot = req.cache.slot
-        held = self.row_of.get(req.rid)
-        if held is not None and held[0] == slot:
-            return
-        if held is not None:
-            self.store.unbind([held[0]])
-            row = held[1]
-        else:
+        row = self.row_of.get(req.rid)
+        if row is None:
             if not self.free_rows:
                 raise RuntimeError("no free speculative row: the budget gives one per running "
                                    "request")
-            row = self.free_rows.pop()
-        self.store.bind([slot], [row])
-        self.row_of[req.rid] = (slot, row)
+            row = self.row_of[req.rid] = self.free_rows.pop()
+        self.store.bind([req.cache.slot], [row])  # (re)bound every cycle: slots can change
 
     def release(self, rid: str) -> None:
-        held = self.row_of.pop(rid, None)
-        if held is not None:
-            slot, row = held
-            self.store.unbind([slot])
+        """Return the store row, the drafter's per-slot state and the marks of ``rid``."""
+        row = self.row_of.pop(rid, None)
+        if row is not None:
             self.free_rows.append(row)
+        for slot in [s for s, owner in self.owner.items() if owner == rid]:
+            del self.owner[slot]
+            self.store.unbind([slot])
             self.decoder.drafter.release([SpecRequest(row=slot, params=None)])
         self.learned.pop(rid, None)
 
     def sync(self, running: list[Req]) -> None:
         """Return what requests that stopped running (finish, abort, preemption) still hold."""
         live = {r.rid for r in running}
-        for rid in [r for r in (*self.row_of, *self.learned) if r not in live]:
+        for rid in {*self.row_of, *self.learned, *self.owner.values()} - live:
             self.release(rid)
-        if not any(self.row_of):
+        if not self.row_of:
             self._last_end = None
 
-    def rows_in_use(self, running: list[Req]) -> int:
+    def held(self, running: list[Req]) -> dict[str, int]:
+        """What is still held after ``sync``: store rows, tracked slots, learned requests."""
         self.sync(running)
-        return len(self.row_of)
+        return {"rows": len(self.row_of), "slots": len(self.owner), "learned": len(self.learned)}
+
+    def summary(self) -> dict:
+        """Acceptance length, mean phase times and ms per accepted token over all cycles."""
+        return summarize(self.stats)
+
+
+def summarize(stats: list[CycleStats]) -> dict:
+    if not stats:
+        return {"cycles": 0}
+    lens = [c for s in stats for c in s.commit_lens]
+    phase_ms = {p: 1e3 * sum(s.phase_s.get(p, 0.0) for s in stats) / len(stats) for p in PHASES}
+    cycle_ms = sum(phase_ms.values())
+    accept = sum(lens) / len(lens)
+    return {"cycles": len(stats), "accept_len": accept, "phase_ms": phase_ms,
+            "cycle_ms": cycle_ms, "ms_per_accepted_token": cycle_ms / accept,
+            "mean_batch": len(lens) / len(stats), "simulated": any(s.simulated for s in stats)}

@@ -19,11 +19,13 @@ from glmlab.spec.types import Proposal, SpecRequest, TargetStates
 class OracleDrafter:
     capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, width: int, reference: dict[int, list[int]], vocab_size: int,
-                 wrong: Callable[[int, int], bool] | None = None, device: str = "cpu"):
-        """reference[row]: the full token sequence (prompt + continuation) of that row."""
-        self.width, self.reference, self.vocab_size = width, reference, vocab_size
-        self.wrong, self.device = wrong, device
+    def __init__(self, width: int, reference: dict[int, list[int]] | Callable[[int], list[int]],
+                 vocab_size: int, wrong: Callable[[int, int], bool] | None = None,
+                 device: str = "cpu"):
+        """reference[row] (or reference(row)): the full token sequence (prompt + continuation)
+        of the request in that row."""
+        self.width, self.vocab_size, self.wrong, self.device = width, vocab_size, wrong, device
+        self.reference = reference.__getitem__ if isinstance(reference, dict) else reference
 
     def extend(self, reqs: list[SpecRequest], states: TargetStates) -> None:
         """Nothing to learn: the reference is already known."""
@@ -31,7 +33,7 @@ class OracleDrafter:
     def propose(self, reqs: list[SpecRequest]) -> Proposal:
         rows = []
         for r in reqs:
-            ref = self.reference[r.row]
+            ref = self.reference(r.row)
             # the anchor sits at position ``committed``; drafts are the positions after it
             pos = range(r.committed + 1, r.committed + self.width)
             toks = [ref[p] if p < len(ref) else 0 for p in pos]

@@ -8,6 +8,8 @@ import torch
 
 from glmlab.engine.sampler import SamplingParams
 from glmlab.model.session import Session
+from glmlab.spec.check import lossless_check
+from glmlab.spec.config import SpecConfig
 from glmlab.spec.cycle import SpecDecoder
 from glmlab.spec.dflash import DFlashDrafter
 from glmlab.spec.dflash_io import load_draft, write_random_draft
@@ -17,6 +19,7 @@ from glmlab.spec.mtp import MTPDrafter
 from glmlab.spec.oracle import OracleDrafter
 from glmlab.spec.types import SpecRequest
 from glmlab.testing.compare import assert_close
+from glmlab.testing.parity import prompt_ids
 
 # Prompts longer than the tiny index_topk (16 tokens) so the indexer's pools and tails matter.
 PROMPTS = {0: list(range(40, 66)), 1: list(range(100, 119)), 2: [5, 6, 7, 8, 9, 10, 11, 12, 13]}
@@ -128,3 +131,14 @@ def test_dflash_draft_kv_matches_a_fresh_projection(tiny_model, reference, draft
         got_k, got_v = holder["kv"].read(i, slots, torch.float32)
         assert_close("draft k", k.bfloat16().float(), got_k, "bf16")
         assert_close("draft v", v.bfloat16().float(), got_v, "bf16")
+
+
+def test_indexer_ties_do_not_break_losslessness(tiny_model):
+    """This prompt puts exactly tied indexer pools (all heads ReLU'd to 0) in front of a verify
+    window starting on a pool boundary: the window must pick what one-token decode picks."""
+    prompt = prompt_ids(49, 53)
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    for mode in ("replay", "snapshot"):
+        report = lossless_check(tiny_model, {0: prompt}, params, SpecConfig(num_steps=7,
+                                                                            commit=mode))
+        assert report.lossless, report
