@@ -1,11 +1,12 @@
 """GPU checks at GLM-5.3-Flash widths (D 4096, I 2048, top-8), with the hardware casts and dots.
 
 Bitwise where the design promises it (fused SwiGLU + quant = the unfused torch path; activation
-quantisation; alignment). The grouped GEMMs run on FP8 tensor cores, whose accumulation is not
-fp32-exact (DeepSeek-V3 reports ~14 bits on H800); after the bf16 rounding and the second FP8
-quantisation that shows as ~1% relative error of the whole MoE against the fp32-accumulated
-reference (measured 0.9-1.1% on H200, 2026-11-30), so the end-to-end bound is 3e-2 and the
-gate_up GEMM alone is checked tighter.
+quantisation; alignment). The grouped GEMMs accumulate on tensor cores (FP8 wgmma is not
+fp32-exact; DeepSeek-V3 reports ~14 bits on H800): a few bf16 roundings of the gate_up output
+land the other way and the second FP8 quantisation amplifies them, 0.06-0.4% relative error of
+the whole MoE against the fp32-accumulated reference on H200 (2026-11-30; ~1% before the scales
+followed torch's CUDA division). The end-to-end bound is 3e-2; the gate_up GEMM alone is checked
+tighter.
 """
 
 from __future__ import annotations
