@@ -41,7 +41,7 @@ from glmlab.model.session import Session
 from glmlab.tokenizer import Tokenizer
 from glmlab.trace.tracer import RecordingTracer
 
-_ENGINE_EXCLUDE = ("device", "dtype", "seed", "print_budget")
+_ENGINE_EXCLUDE = ("device", "dtype", "seed", "speculative")
 
 
 def checkpoint(args) -> Path:
@@ -144,14 +144,16 @@ def agreement(args) -> dict:
     model = load_model(path, dtype=torch.float32, device=args.device)
     tok = Tokenizer.from_dir(path)
     prompts = [ids for ids, _ in workload(tok, args, args.num_prompts, args.seed)]
-    fp8 = CacheDtypes(latent=torch.float8_e4m3fn, pool_keys=torch.float8_e4m3fn,
-                      conv=torch.float32, tail=torch.float32)
-    bf16 = CacheDtypes(latent=torch.bfloat16, pool_keys=torch.bfloat16, conv=torch.float32,
-                       tail=torch.float32)
-    row = kv_agreement(model, prompts, args.output_len, fp8, bf16)
+    kv = {d: CacheDtypes(latent=d, pool_keys=d, conv=torch.float32, tail=torch.float32)
+          for d in (torch.float8_e4m3fn, torch.bfloat16, torch.float32)}
+    fp8 = kv_agreement(model, prompts, args.output_len, kv[torch.float8_e4m3fn],
+                       kv[torch.bfloat16])
+    # for scale: what BF16 KV itself changes against the fp32 reference cache
+    bf16 = kv_agreement(model, prompts, args.output_len, kv[torch.bfloat16], kv[torch.float32])
     return dict(bench="engine-kv-agreement", model=str(path), preset=args.preset,
                 test="fp8 latent + fp8 keys", ref="bf16 latent + bf16 keys", model_dtype="fp32",
-                input_len=args.input_len, seed=args.seed, **row)
+                input_len=args.input_len, seed=args.seed, **fp8,
+                bf16_vs_fp32={k: v for k, v in bf16.items() if k not in ("prompts", "new_tokens")})
 
 
 def build_parser() -> argparse.ArgumentParser:

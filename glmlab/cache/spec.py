@@ -49,8 +49,8 @@ class CacheSpec:
                           device="meta", with_mtp=with_mtp)
         row = lambda t: t[0].numel() * t.element_size()  # noqa: E731
         return cls(
-            latent_bytes_per_token=sum(row(t) for t in meta.latent.values()),
-            index_bytes_per_token=sum(row(t) for t in meta.pool_keys.values()) / kpool,
+            latent_bytes_per_token=meta.latent_bytes_per_token(),
+            index_bytes_per_token=meta.index_bytes_per_token(),
             draft_bytes_per_token=draft.bytes_per_token(tp) if draft else 0,
             kda_state_bytes_per_slot=sum(row(t) for t in (*meta.conv.values(),
                                                            *meta.recurrent.values())),

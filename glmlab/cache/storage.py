@@ -11,9 +11,12 @@ Per KDA layer:
 Per draft layer (optional, ``DraftKVSpec``; the speculative drafter writes it):
 - ``draft_kv``    [num_token_slots, width]       draft-model K/V rows at the *target's* token slots.
 
-Number formats (``CacheDtypes``): a float dtype stores values as they are; ``float8_e4m3fn`` for
-the latent or the pooled keys selects the scaled FP8 row layout of ``glmlab.cache.fp8`` (stored as
-uint8 rows; quantised on write, dequantised on read).
+Number formats (``CacheDtypes``): a float dtype stores values as they are. ``float8_e4m3fn``
+selects the FP8 formats the DSA kernels read, quantised on write and dequantised on read:
+- latent: ``MlaKVLayout(FP8_SCALED)`` rows (``glmlab.kernels.dsa.layout``): R e4m3 values, then
+  one fp32 scale per 128 channels, stored as uint8 [num_token_slots, R + 4R/128] (528 B for R=512);
+- pooled keys: e4m3 [pools, DI] plus ``pool_key_scales`` fp32 [pools], one absmax/448 scale per
+  pooled key (``quantize_pool_keys_ref``): (128 + 4) / 4 = 33 B per token for DI=128.
 
 This module owns storage and its number formats only. Which slots belong to whom (free lists,
 refcounts, prefix sharing) is the business of the pools built on top of it.
@@ -25,8 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from glmlab.cache.fp8 import FP8, latent_layout, pool_key_layout
 from glmlab.config import ModelConfig
+from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
+from glmlab.kernels.dsa.ref import quantize_pool_keys_ref
+
+FP8 = torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -75,18 +81,20 @@ class ModelCache:
         self.dtypes = dtypes or CacheDtypes()
         self.draft = draft
         dt, d, k = self.dtypes, cfg.dsa, cfg.kda
-        self.latent_fp8 = latent_layout(d.kv_lora_rank) if dt.latent == FP8 else None
-        self.keys_fp8 = pool_key_layout(d.index_head_dim) if dt.pool_keys == FP8 else None
+        self.latent_fp8 = (MlaKVLayout(KVFormat.FP8_SCALED, d.kv_lora_rank)
+                           if dt.latent == FP8 else None)
+        self.keys_fp8 = dt.pool_keys == FP8
         dsa_layers = list(cfg.dsa_layers)
         if with_mtp and cfg.mtp_layer is not None:
             dsa_layers.append(cfg.mtp_layer)
-        lat_w, lat_t = ((self.latent_fp8.bytes_per_row, torch.uint8) if self.latent_fp8
+        lat_w, lat_t = ((self.latent_fp8.row_width, torch.uint8) if self.latent_fp8
                         else (d.kv_lora_rank, dt.latent))
-        key_w, key_t = ((self.keys_fp8.bytes_per_row, torch.uint8) if self.keys_fp8
-                        else (d.index_head_dim, dt.pool_keys))
+        num_pools = num_token_slots // kpool
         self.latent = {i: _rows(num_token_slots, lat_w, lat_t, device) for i in dsa_layers}
-        self.pool_keys = {i: _rows(num_token_slots // kpool, key_w, key_t, device)
+        self.pool_keys = {i: _rows(num_pools, d.index_head_dim, dt.pool_keys, device)
                           for i in dsa_layers}
+        self.pool_key_scales = {i: torch.zeros(num_pools, dtype=torch.float32, device=device)
+                                for i in dsa_layers} if self.keys_fp8 else {}
         self.index_tail = {i: torch.zeros(num_state_slots, kpool, 2 * d.index_head_dim,
                                           dtype=dt.tail, device=device) for i in dsa_layers}
         self.conv = {i: torch.zeros(num_state_slots, k.conv_channels, k.conv_kernel - 1,
@@ -110,17 +118,24 @@ class ModelCache:
         self.latent[layer][slots] = rows
 
     def read_latent(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        rows = self.latent[layer][slots]
-        return self.latent_fp8.unpack(rows, dtype) if self.latent_fp8 else rows.to(dtype)
+        rows = self.latent[layer][slots]  # [..., row width]
+        if self.latent_fp8 is None:
+            return rows.to(dtype)
+        flat = self.latent_fp8.unpack(rows.reshape(-1, rows.shape[-1]))
+        return flat.view(*rows.shape[:-1], -1).to(dtype)
 
     def write_pool_keys(self, layer: int, pool_slots: torch.Tensor, keys: torch.Tensor) -> None:
-        rows = self.keys_fp8.pack(keys) if self.keys_fp8 else keys.to(self.dtypes.pool_keys)
-        self.pool_keys[layer][pool_slots] = rows
+        if self.keys_fp8:
+            keys, scale = quantize_pool_keys_ref(keys)
+            self.pool_key_scales[layer][pool_slots] = scale
+        self.pool_keys[layer][pool_slots] = keys.to(self.dtypes.pool_keys)
 
     def read_pool_keys(self, layer: int, pool_slots: torch.Tensor,
                        dtype: torch.dtype) -> torch.Tensor:
-        rows = self.pool_keys[layer][pool_slots]
-        return self.keys_fp8.unpack(rows, dtype) if self.keys_fp8 else rows.to(dtype)
+        keys = self.pool_keys[layer][pool_slots]
+        if self.keys_fp8:
+            return (keys.float() * self.pool_key_scales[layer][pool_slots][..., None]).to(dtype)
+        return keys.to(dtype)
 
     # Draft-model rows (same token slots as the target) --------------------------------------
     def write_draft_kv(self, layer: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
@@ -148,11 +163,16 @@ class ModelCache:
 
     def bytes_per_token(self) -> int:
         """Target KV bytes per token slot: latent rows plus pooled keys amortised over kpool."""
-        kpool = self.cfg.dsa.index_kpool
-        per_layer = [self.latent[i][0].numel() * self.latent[i].element_size()
-                     + self.pool_keys[i][0].numel() * self.pool_keys[i].element_size() / kpool
-                     for i in self.latent]
-        return int(sum(per_layer))
+        return int(self.latent_bytes_per_token() + self.index_bytes_per_token())
+
+    def latent_bytes_per_token(self) -> int:
+        return sum(t[0].numel() * t.element_size() for t in self.latent.values())
+
+    def index_bytes_per_token(self) -> float:
+        """Pooled keys (and their scales) amortised over the kpool tokens of a pool."""
+        per_pool = sum(t[0].numel() * t.element_size()
+                       for t in (*self.pool_keys.values(), *self.pool_key_scales.values()))
+        return per_pool / self.cfg.dsa.index_kpool
 
     def draft_bytes_per_token(self) -> int:
         return sum(t[0].numel() * t.element_size() for t in self.draft_kv.values())
@@ -166,6 +186,8 @@ class ModelCache:
         for i in self.latent:
             out[f"latent.{i}"] = (self.latent[i], "token")
             out[f"pool_keys.{i}"] = (self.pool_keys[i], "pool")
+            if self.keys_fp8:
+                out[f"pool_key_scales.{i}"] = (self.pool_key_scales[i], "pool")
             out[f"index_tail.{i}"] = (self.index_tail[i], "state")
         for i in self.conv:
             out[f"conv.{i}"] = (self.conv[i], "state")
