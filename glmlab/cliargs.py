@@ -38,7 +38,7 @@ def add_dataclass_args(
     for f in dataclasses.fields(cls):
         if f.name in exclude or not f.init:
             continue
-        tp, _ = _base(hints[f.name])
+        tp, optional = _base(hints[f.name])
         default = defaults.get(f.name, _default(f))
         dest = prefix.replace("-", "_") + f.name
         flag = _flag(prefix, f.name)
@@ -55,6 +55,11 @@ def add_dataclass_args(
                 type=lambda s, item=item: tuple(item(x) for x in s.split(",") if x),
                 help="comma-separated",
             )
+        elif dataclasses.is_dataclass(tp) and optional and default is None:
+            # optional sub-config (off by default): on when any of its flags is given
+            names = [g.name for g in dataclasses.fields(tp)]
+            add_dataclass_args(parser, tp, prefix=f"{prefix}{f.name}-",
+                               defaults=dict.fromkeys(names))
         elif dataclasses.is_dataclass(tp):  # nested config: --backends-kda fla, ...
             add_dataclass_args(parser, tp, prefix=f"{prefix}{f.name}-")
         else:
@@ -79,11 +84,21 @@ def dataclass_from_args(cls: type, ns: argparse.Namespace, prefix: str = "", **o
     values = {}
     for f in dataclasses.fields(cls):
         dest = prefix.replace("-", "_") + f.name
-        tp, _ = _base(hints[f.name])
-        if dataclasses.is_dataclass(tp) and any(
-                k.startswith(dest + "_") for k in vars(ns)):
+        tp, optional = _base(hints[f.name])
+        nested = dataclasses.is_dataclass(tp) and any(k.startswith(dest + "_") for k in vars(ns))
+        if nested and optional and _default(f) is None:
+            values[f.name] = optional_dataclass_from_args(tp, ns, prefix=f"{prefix}{f.name}-")
+        elif nested:
             values[f.name] = dataclass_from_args(tp, ns, prefix=f"{prefix}{f.name}-")
         elif hasattr(ns, dest):
             values[f.name] = getattr(ns, dest)
     values.update(overrides)
     return cls(**values)
+
+
+def optional_dataclass_from_args(cls: type, ns: argparse.Namespace, prefix: str):
+    """An optional sub-config: None unless one of its flags was given (the rest keep defaults)."""
+    dest = prefix.replace("-", "_")
+    given = {f.name: getattr(ns, dest + f.name) for f in dataclasses.fields(cls)
+             if getattr(ns, dest + f.name, None) is not None}
+    return cls(**given) if given else None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from glmlab.cliargs import add_dataclass_args, dataclass_from_args
+from glmlab.cliargs import add_dataclass_args, dataclass_from_args, optional_dataclass_from_args
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.llm import LLM
 from glmlab.engine.sampler import SamplingParams
 from glmlab.model.backends import Backends
+from glmlab.spec.config import SpecConfig
 
 HELP = "generate a continuation (greedy by default) from --prompt or --prompt-ids"
 _ENGINE_EXCLUDE = ("device", "dtype", "seed", "print_budget")
@@ -26,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dataclass_args(p, SamplingParams, exclude=("stop",), defaults={"max_new_tokens": 32})
     add_dataclass_args(p, EngineConfig, exclude=_ENGINE_EXCLUDE,
                        defaults={"print_budget": False})
+    # short form of --speculative-algorithm; sizes: --speculative-num-steps / -block-size, ...
+    p.add_argument("--speculative", dest="speculative_algorithm", choices=("mtp", "dflash2"),
+                   help="speculative decoding: MTP chain or DFlash2 block drafting")
 
 
 def _prompt_ids(args) -> list[int] | str:
@@ -43,10 +48,21 @@ def run(args: argparse.Namespace) -> int:
     engine = {f: getattr(args, f) for f in EngineConfig.__dataclass_fields__
               if f not in _ENGINE_EXCLUDE and hasattr(args, f)}
     engine["backends"] = dataclass_from_args(Backends, args, prefix="backends-")
+    engine["speculative"] = optional_dataclass_from_args(SpecConfig, args, "speculative-")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, print_budget=False, **engine)
     prompt = _prompt_ids(args)
     if not prompt:
         raise ValueError("the prompt is empty")
     out = llm.generate([prompt], params, use_tqdm=False)[0]
-    print(json.dumps({"output_ids": out.output_ids, "text": out.text}) if args.json else out.text)
+    spec = llm.engine.spec.summary() if llm.engine.spec else None
+    if args.json:
+        extra = {"speculative": spec} if spec else {}
+        print(json.dumps({"output_ids": out.output_ids, "text": out.text, **extra}))
+    else:
+        print(out.text)
+        if spec and spec["cycles"]:
+            sim = " [simulated acceptance]" if spec["simulated"] else ""
+            print(f"speculative{sim}: {spec['cycles']} cycles, acceptance length "
+                  f"{spec['accept_len']:.2f}, {spec['ms_per_accepted_token']:.2f} ms per "
+                  "accepted token", file=sys.stderr)
     return 0

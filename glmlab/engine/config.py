@@ -12,10 +12,11 @@ config.json; CLI flags are generated from the fields (``glmlab.cliargs``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 from glmlab.model.backends import Backends
+from glmlab.spec.config import SpecConfig
 
 
 class _Choice(str, Enum):
@@ -78,6 +79,7 @@ class EngineConfig:
     backends: Backends = field(default_factory=Backends)
     seed: int = 0  # base seed of sampled requests that bring none
     print_budget: bool = True  # print the budget table when the engine starts
+    speculative: SpecConfig | None = None  # speculative decoding (glmlab.spec); None = off
 
     def __post_init__(self) -> None:
         for name, enum in _ENUMS.items():
@@ -102,6 +104,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 (or unset), got {value}")
+        if isinstance(self.speculative, dict):  # from a JSON config
+            object.__setattr__(self, "speculative", SpecConfig(**self.speculative))
         if self.extra_slots < 0:
             raise ValueError(f"extra_slots must be >= 0, got {self.extra_slots}")
 
@@ -110,5 +114,6 @@ class EngineConfig:
         for f in fields(self):
             v = getattr(self, f.name)
             out[f.name] = v.value if isinstance(v, Enum) else (
-                v.describe() if isinstance(v, Backends) else v)
+                v.describe() if isinstance(v, Backends) else
+                asdict(v) if isinstance(v, SpecConfig) else v)
         return out

@@ -31,6 +31,7 @@ from glmlab.engine.sampler import SamplingParams, make_generator, sample_batch
 from glmlab.engine.scheduler import Scheduler
 from glmlab.engine.types import Batch, CacheTarget, Req, Status, StepOutput
 from glmlab.model.glm import GLM5Model
+from glmlab.spec.engine_phase import SpecPhase, load_spec_draft, spec_budget
 from glmlab.trace.events import StepEvent
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
@@ -42,15 +43,24 @@ class Engine:
                  detokenize: Callable[[list[int]], str] | None = None,
                  eos_token_ids: Sequence[int] = (), tracer: Tracer = NULL_TRACER):
         self.model, self.cfg = model, cfg or EngineConfig()
-        self.budget: Budget = plan_budget(budget_inputs(self.cfg, model))
+        spec = self.cfg.speculative
+        draft = load_spec_draft(model, spec) if spec else None  # resident before the budget
+        inputs = budget_inputs(self.cfg, model)
+        if spec:
+            dtypes = cache_dtypes(self.cfg, model.dtype)
+            inputs = spec_budget(inputs, model, spec, draft, dtypes.recurrent)
+        self.budget: Budget = plan_budget(inputs)
         storage = ModelCache(model.cfg, self.budget.num_pages * self.cfg.page_size,
                              self.budget.num_state_slots, self.cfg.page_size,
                              cache_dtypes(self.cfg, model.dtype), _device(model),
                              with_mtp=model.mtp is not None)
         self.cache = HybridCache(storage, self.cfg.radix)
         self.context_len = self.budget.inputs.context_len
+        self.spec = SpecPhase(model, self.cache, spec, self.budget.inputs.spec_slots, draft,
+                              self.cfg.seed) if spec else None
         self.scheduler = Scheduler(self.cfg, self.cache, self.budget.max_running_requests,
-                                   detokenize, tracer)
+                                   detokenize, tracer,
+                                   verify_width=self.spec.verify_width if self.spec else None)
         self.runner = Runner(model, self.cache)
         self.detokenize, self.tracer = detokenize, tracer
         self.eos_token_ids = tuple(eos_token_ids or model.cfg.eos_token_ids)
@@ -65,12 +75,17 @@ class Engine:
         if batch is None:
             return []
         start = time.perf_counter_ns()
-        plan = self.runner.plan(batch)
-        logits = self.runner.forward(plan)
-        tokens = self.sample(batch, logits)
+        tokens = self.execute(batch)
         outputs = self.scheduler.update(batch, tokens)
         self.tracer.emit(StepEvent.of(batch, self.cache.usage(), start, time.perf_counter_ns()))
         return outputs
+
+    def execute(self, batch: Batch) -> list:
+        """The batch's forward and sampling: one token per sampling entry, or with speculation
+        the emitted tokens of each VERIFY entry (``glmlab.spec.engine_phase``)."""
+        if self.spec is not None:
+            return self.spec.execute(batch, self.scheduler.running)
+        return self.sample(batch, self.runner.forward(self.runner.plan(batch)))
 
     def sample(self, batch: Batch, logits: torch.Tensor) -> list[int]:
         reqs = [e.req for e in batch.entries if e.samples]
@@ -123,7 +138,10 @@ class Engine:
         return Req(rid, ids, len(ids), params, max_len, frozenset(stop), gen)
 
     def abort(self, rid: str) -> StepOutput | None:
-        return self.scheduler.abort(rid)
+        out = self.scheduler.abort(rid)
+        if self.spec is not None:
+            self.spec.release(rid)
+        return out
 
     def request(self, rid: str) -> Req:
         return self._requests[rid]

@@ -15,6 +15,10 @@
 ``update()`` advances every request by its entry, appends sampled tokens, finishes requests (stop
 token or string, EOS, max_new_tokens, context length) and hands their cache back.
 
+With speculative decoding (``verify_width``), a decoding request the drafter is ready for becomes a
+``VERIFY`` entry of that many tokens (pages grown to hold the whole window); its result is the list
+of emitted tokens, of which the scheduler keeps those up to a finish.
+
 Requests that bring their own cache content (``imported``: a PD decode instance) are admitted into
 ``AWAITING_IMPORT`` and join the running set when ``complete_import`` says the content is there;
 ``hold_after_prefill`` requests (a PD prefill instance) park in ``HELD`` after their first token
@@ -24,6 +28,7 @@ until ``release_held``. The scheduler knows nothing about tensors or the model.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from glmlab.cache.hybrid import HybridCache
@@ -49,9 +54,12 @@ class _StepBudget:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, cache: HybridCache, max_running: int,
-                 detokenize=None, tracer: Tracer = NULL_TRACER):
+                 detokenize=None, tracer: Tracer = NULL_TRACER,
+                 verify_width: Callable[[Req], int] | None = None):
         self.cfg, self.cache, self.max_running = cfg, cache, max_running
         self.detokenize, self.tracer = detokenize, tracer
+        # speculative decoding: tokens a decoding request verifies this step (0 = plain decode)
+        self.verify_width = verify_width
         self.page_size = cache.page_size
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []  # admission order
@@ -79,11 +87,14 @@ class Scheduler:
         for req in list(self.running):
             if req.status is not Status.RUNNING or req.extend_len != 1 or not req.output_ids:
                 continue
-            if budget.tokens < 1:
+            width = self.verify_width(req) if self.verify_width else 0
+            n = max(1, width)  # a verify window's KV is written before it is accepted
+            if budget.tokens < n:
                 break
-            if self._grow(req, req.computed_len + 1):
-                out.append(Entry(req, req.computed_len, 1, Phase.DECODE, samples=True))
-                budget.tokens -= 1
+            if self._grow(req, req.computed_len + n):
+                phase = Phase.VERIFY if width else Phase.DECODE
+                out.append(Entry(req, req.computed_len, n, phase, samples=True))
+                budget.tokens -= n
         return out
 
     def _prefill_entries(self, budget: _StepBudget) -> list[Entry]:
@@ -170,11 +181,16 @@ class Scheduler:
         self.tracer.emit(RequestEvent.now("preempt", req.rid, self.num_steps))
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: Batch, tokens: list[int]) -> list[StepOutput]:
+    def update(self, batch: Batch, tokens: list) -> list[StepOutput]:
+        """``tokens``: one item per sampling entry, a token, or for a VERIFY entry the tokens it
+        emitted (accepted drafts, then the bonus token)."""
         outs, sampled = [], iter(tokens)
         for e in batch.entries:
             req = e.req
             token = next(sampled) if e.samples else None
+            if e.phase is Phase.VERIFY:
+                outs.append(self._update_verify(req, token))
+                continue
             req.computed_len += e.num_tokens
             if e.phase is Phase.PREFILL and req.computed_len % self.page_size == 0:
                 self.cache.commit(req.cache, req.token_ids, req.computed_len, checkpoint=True)
@@ -190,6 +206,22 @@ class Scheduler:
             elif reason is not None:
                 self._finish(req, reason)
         return outs
+
+    def _update_verify(self, req: Req, emitted: list[int]) -> StepOutput:
+        """The window's anchor and accepted drafts are now computed; a stop token or the length
+        limit among the emitted tokens cuts the rest off."""
+        new, reason = [], None
+        for token in emitted:
+            req.token_ids.append(token)
+            req.computed_len += 1  # the position before ``token`` (anchor, then accepted drafts)
+            new.append(token)
+            reason = self._finish_reason(req)
+            if reason is not None:
+                break
+        out = StepOutput(req.rid, tuple(new), reason is not None, reason, req.stop_str)
+        if reason is not None:
+            self._finish(req, reason)
+        return out
 
     def _finish_reason(self, req: Req) -> FinishReason | None:
         if req.token_ids[-1] in req.stop_ids:

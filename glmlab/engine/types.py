@@ -21,6 +21,7 @@ from glmlab.engine.sampler import SamplingParams
 class Phase(str, Enum):
     PREFILL = "prefill"  # prompt tokens (or recomputed ones)
     DECODE = "decode"  # the one token sampled last step
+    VERIFY = "verify"  # speculative window: the last sampled token + drafts (glmlab.spec)
 
 
 class Status(str, Enum):
@@ -89,9 +90,10 @@ class Batch:
 
     @property
     def phase(self) -> Phase:
-        """PREFILL if any entry prefills (a mixed batch), DECODE if all decode."""
-        prefill = any(e.phase is Phase.PREFILL for e in self.entries)
-        return Phase.PREFILL if prefill else Phase.DECODE
+        """PREFILL if any entry prefills (a mixed batch), else VERIFY if any entry verifies,
+        else DECODE."""
+        phases = {e.phase for e in self.entries}
+        return next((p for p in (Phase.PREFILL, Phase.VERIFY) if p in phases), Phase.DECODE)
 
     @property
     def num_tokens(self) -> int:
