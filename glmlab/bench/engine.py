@@ -115,6 +115,7 @@ def throughput(args, cfg: EngineConfig) -> dict:
                 input_len=args.input_len, output_len=args.output_len,
                 shared_prefix_len=args.shared_prefix_len, num_groups=args.num_groups,
                 range_ratio=args.range_ratio, seed=args.seed, engine=cfg.describe(),
+                cpu_threads=torch.get_num_threads(),
                 max_running_requests=engine.budget.max_running_requests,
                 num_pages=engine.budget.num_pages, hit_rate=engine.cache.stats.hit_rate, **result)
 
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-prefix-len", type=int, default=0)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu-threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument("--agreement", action="store_true", help="FP8 vs BF16 KV greedy agreement")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the timed run here")
     p.add_argument("--out", default="data/bench")
@@ -182,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
     engine = {f: getattr(args, f) for f in EngineConfig.__dataclass_fields__
               if f not in _ENGINE_EXCLUDE and hasattr(args, f)}
     engine["backends"] = dataclass_from_args(Backends, args, prefix="backends-")

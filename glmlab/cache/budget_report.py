@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from glmlab.cache.budget import GIB, Budget, BudgetInputs
+from glmlab.cache.budget import GIB, Budget, BudgetInputs, plan_budget
 from glmlab.cache.spec import CacheSpec
 from glmlab.cache.storage import CacheDtypes
 from glmlab.presets import preset_config
@@ -86,3 +86,23 @@ def seed_final(slots_per_request: int = 3) -> BudgetInputs:
                         max_running_requests=132, state_slots=slots, extra_slots=6,
                         slots_per_request=slots_per_request, shared_prefix_len=SEED_SHARED_PREFIX,
                         label=f"seed decode final, TP4, {slots_per_request} state slot(s)/request")
+
+
+# The seed's per-GPU decode memory (ANCHORS.md section 0), GiB, beside what plan_budget derives.
+SEED_POOLS = {"baseline": {"target KV": 46.72, "recurrent + conv state": 1.96, "state slots": 56},
+              "final": {"target KV": 14.00, "draft KV": 11.96, "recurrent + conv state": 7.37,
+                        "state slots": 414}}
+
+
+def seed_comparison_rows() -> list[dict]:
+    """One row per (configuration, pool): the seed's figure and glmlab's."""
+    rows = []
+    for name, inputs in (("baseline", seed_baseline()), ("final", seed_final())):
+        b = plan_budget(inputs)
+        ours = {"target KV": b.kv_bytes / GIB, "draft KV": b.draft_kv_bytes / GIB,
+                "recurrent + conv state": b.state_bytes / GIB,
+                "state slots": b.num_state_slots - 1}
+        for pool, seed in SEED_POOLS[name].items():
+            rows.append(dict(config=name, pool=pool, seed=seed, glmlab=round(ours[pool], 2),
+                             max_running=b.max_running_requests))
+    return rows

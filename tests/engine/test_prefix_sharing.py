@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from glmlab.engine.local_pd import LocalPD, slot_accounting
 from glmlab.engine.sampler import SamplingParams
 from glmlab.engine.types import FinishReason
 from glmlab.model.session import Session
@@ -47,25 +48,6 @@ def test_kv_and_state_multi_turn_reuses_the_last_page_boundary(tiny_model, make_
     assert engine.request("r1").cached_tokens == 128  # the checkpoint at 150 // 64 * 64
 
 
-def _prefill_then_import(pre, dec, prompt, params):
-    """One request through a prefill engine and into a decode engine; returns its decode rid and
-    the bytes copied. The copy is the in-process stand-in for a NIXL transfer."""
-    rp = pre.add_request(prompt, params, hold_after_prefill=True)
-    first = None
-    while first is None:
-        first = next((o.new_token_ids[0] for o in pre.step() if o.rid == rp), None)
-    src = pre.export_target(rp)
-    rd = dec.add_request(prompt, params, imported=True)
-    dec.step()
-    (dst,) = [t for t in dec.import_targets() if t.rid == rd]
-    n = len(dst.transfer_pages)
-    moved = dec.cache.storage.copy_from(pre.cache.storage, list(src.pages[len(src.pages) - n:]),
-                                        list(dst.transfer_pages), src.state_slot, dst.state_slot)
-    pre.release_held(rp)
-    dec.complete_import(rd, first)
-    return rd, moved, dst
-
-
 @pytest.mark.parametrize("radix", ["kv_only", "off"])
 def test_decode_instance_token_slots(radix, tiny_model, make_engine):
     """N requests sharing Lp tokens, each with its own Ls: Lp + N x Ls token slots with the
@@ -73,13 +55,10 @@ def test_decode_instance_token_slots(radix, tiny_model, make_engine):
     lp, ls, new, n = 192, 40, 8, 4
     params = SamplingParams(max_new_tokens=new, ignore_eos=True)
     prompts = [PREFIX + prompt_ids(ls, 90 + i) for i in range(n)]
-    pre = make_engine()
-    dec = make_engine(radix=radix, max_running_requests=n)
-    rids, moved = [], []
-    for p in prompts:
-        rd, m, dst = _prefill_then_import(pre, dec, p, params)
-        rids.append(rd)
-        moved.append(m)
+    pd = LocalPD(make_engine(), make_engine(radix=radix, max_running_requests=n))
+    pre, dec = pd.prefill, pd.decode
+    handoffs = [h for p in prompts for h in pd.submit([p], params)]  # one after another
+    rids, moved = [h.rid for h in handoffs], [h.bytes_moved for h in handoffs]
     # all four run now (the earlier ones decoded a token at each later admission, staying inside
     # their last page: lp + ls + n < 256)
     used = dec.cache.usage().token_slots_used
@@ -97,6 +76,16 @@ def test_decode_instance_token_slots(radix, tiny_model, make_engine):
     assert outs == [_session(tiny_model, p)[:new] for p in prompts]
     dec.cache.check_idle()
     pre.cache.check_idle()
+
+
+def test_slot_accounting_lp_plus_n_ls(tiny_model):
+    """Eight requests, a 200-token shared prefix, 60 tokens each of their own (page-rounded)."""
+    acct = slot_accounting(tiny_model, prompt_ids(200, 1), [prompt_ids(60, 10 + i)
+                                                            for i in range(8)], context_len=512)
+    assert acct.token_slots_shared == acct.expected_shared == 192 + 8 * 128
+    assert acct.token_slots_unshared == acct.expected_unshared == 8 * 320
+    assert acct.bytes_moved_shared < 0.6 * acct.bytes_moved_unshared  # 19 of 40 pages move
+    assert acct.hit_rate == pytest.approx(7 * 192 / (8 * 260))
 
 
 def test_prefill_role_holds_then_releases(make_engine):

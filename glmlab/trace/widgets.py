@@ -1,0 +1,145 @@
+"""Interactive views for notebooks: the memory-budget explorer and plotly figures of budgets,
+slot accounting and pool occupancy over an engine trace.
+
+The only module in glmlab that imports ipywidgets or plotly. Every number shown is computed by
+``glmlab.cache.budget`` / the engine; this module only lays it out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import torch
+from IPython.display import HTML, display
+
+from glmlab.cache.budget import GIB, Budget, BudgetError, BudgetInputs, plan_budget
+from glmlab.cache.budget_report import budget_rows, seed_comparison_rows
+from glmlab.cache.spec import CacheSpec
+from glmlab.cache.storage import CacheDtypes
+from glmlab.presets import preset_config
+from glmlab.trace.events import StepEvent
+
+_DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
+
+
+def table_html(rows: list[dict]) -> HTML:
+    head = "".join(f"<th>{html.escape(str(k))}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values())
+                   + "</tr>" for r in rows)
+    return HTML(f"<table><tr>{head}</tr>{body}</table>")
+
+
+def seed_comparison() -> HTML:
+    return table_html(seed_comparison_rows())
+
+
+def budget_figure(b: Budget, title: str = "") -> go.Figure:
+    """Where the pool bytes go (stacked bar, GiB) and the caps on running requests (bars)."""
+    rows = [r for r in budget_rows(b) if r["gib"] > 0]
+    fig = go.Figure([go.Bar(name=r["pool"], y=["pools (GiB)"], x=[r["gib"]], orientation="h",
+                            text=f"{r['pool']}: {r['gib']:.2f}") for r in rows])
+    fig.add_trace(go.Bar(y=[c.kind for c in b.caps], x=[c.value for c in b.caps], orientation="h",
+                         name="caps", xaxis="x2", yaxis="y2", text=[c.reason for c in b.caps],
+                         marker_color="grey"))
+    fig.update_layout(barmode="stack", height=360, title=title or
+                      f"max running requests {b.max_running_requests}",
+                      yaxis={"domain": [0.6, 1.0]}, yaxis2={"domain": [0.0, 0.45], "anchor": "x2"},
+                      xaxis2={"anchor": "y2", "type": "log", "title": "requests"})
+    return fig
+
+
+class BudgetExplorer:
+    """Sliders for context length, KV / state dtypes, concurrency, TP, in-flight and speculative
+    slots, shared prefix and the pool budget, over a model preset; shows the table and figure.
+    ``set(**values)`` moves the controls from code (what a test or a script does)."""
+
+    def __init__(self, model: str = "full", base: BudgetInputs | None = None):
+        self.cfg = preset_config(model)
+        self.base = base
+        c = {
+            "context_len": W.IntSlider(66_560, min=4_096, max=1_048_576, step=4_096,
+                                       description="context"),
+            "kv_dtype": W.Dropdown(options=["bf16", "fp8"], value="fp8", description="KV"),
+            "state_dtype": W.Dropdown(options=["fp32", "bf16"], value="bf16",
+                                      description="state"),
+            "tp": W.Dropdown(options=[1, 2, 4, 8], value=4, description="TP"),
+            "max_running_requests": W.IntSlider(132, min=1, max=1024, description="running"),
+            "slots_per_request": W.IntSlider(1, min=1, max=4, description="slots/req"),
+            "extra_slots": W.IntSlider(6, min=0, max=64, description="in flight"),
+            "spec_slots": W.IntSlider(0, min=0, max=1024, description="spec slots"),
+            "shared_prefix_len": W.IntSlider(65_472, min=0, max=1_048_576, step=64,
+                                             description="shared"),
+            "pool_gib": W.FloatSlider(33.33, min=1.0, max=120.0, step=0.01, description="GiB"),
+        }
+        self.controls, self.out, self.budget = c, W.Output(), None
+        for w in c.values():
+            w.observe(lambda _: self.update(), names="value")
+        self.widget = W.VBox([W.HBox(list(c.values())[:5]), W.HBox(list(c.values())[5:]),
+                              self.out])
+        self.update()
+
+    def set(self, **values) -> Budget | None:
+        for k, v in values.items():
+            self.controls[k].value = v
+        return self.budget
+
+    def inputs(self) -> BudgetInputs:
+        v = {k: w.value for k, w in self.controls.items()}
+        dtypes = CacheDtypes(latent=_DT[v["kv_dtype"]], pool_keys=torch.float8_e4m3fn,
+                             recurrent=_DT[v["state_dtype"]])
+        spec = CacheSpec.of(self.cfg, dtypes, tp=v["tp"])
+        if self.base is not None:  # keep e.g. the seed's draft-KV bytes
+            draft = self.base.spec.draft_bytes_per_token
+            spec = dataclasses.replace(spec, draft_bytes_per_token=draft)
+        return BudgetInputs(
+            spec=spec, context_len=v["context_len"], byte_budget=int(v["pool_gib"] * GIB),
+            max_running_requests=v["max_running_requests"], extra_slots=v["extra_slots"],
+            slots_per_request=v["slots_per_request"], spec_slots=v["spec_slots"],
+            spec_bytes_per_slot=self.base.spec_bytes_per_slot if self.base else 0,
+            shared_prefix_len=min(v["shared_prefix_len"], v["context_len"]), label="explorer")
+
+    def update(self) -> None:
+        with self.out:
+            self.out.clear_output(wait=True)
+            try:
+                self.budget = plan_budget(self.inputs())
+            except BudgetError as e:
+                self.budget = None
+                print(f"does not fit: {e}")
+                return
+            print(self.budget.table())
+            display(budget_figure(self.budget))
+
+
+def slot_accounting_figure(acct) -> go.Figure:
+    """Measured token slots with and without the kv_only cache beside Lp + N x Ls / N x (Lp+Ls)."""
+    names = ["kv_only cache", "no cache"]
+    fig = go.Figure([
+        go.Bar(name="measured", x=names, y=[acct.token_slots_shared, acct.token_slots_unshared]),
+        go.Bar(name="Lp + N x Ls  /  N x (Lp + Ls)", x=names,
+               y=[acct.expected_shared, acct.expected_unshared]),
+    ])
+    fig.update_layout(barmode="group", yaxis_title="token slots in use", height=320,
+                      title=f"{acct.num_requests} requests, Lp={acct.prefix_len}, "
+                            f"Ls={acct.suffix_len}, hit rate {acct.hit_rate:.0%}")
+    return fig
+
+
+def pool_occupancy_figure(steps: list[StepEvent]) -> go.Figure:
+    """KV pages (used, held by the radix tree, evictable) and state slots per engine step."""
+    x = [s.step for s in steps]
+    p = [s.pool for s in steps]
+    series = {"pages used": [u.pages_total - u.pages_free for u in p],
+              "pages in tree": [u.pages_tree for u in p],
+              "pages evictable": [u.pages_evictable for u in p],
+              "state slots used": [u.slots_total - u.slots_free for u in p],
+              "checkpoints": [u.checkpoints for u in p]}
+    fig = go.Figure([go.Scatter(x=x, y=y, name=k, mode="lines") for k, y in series.items()])
+    fig.add_trace(go.Bar(x=x, y=[s.num_seqs for s in steps], name="requests in step",
+                         opacity=0.3, yaxis="y2"))
+    fig.update_layout(xaxis_title="engine step", yaxis_title="pages / slots", height=360,
+                      yaxis2={"overlaying": "y", "side": "right", "title": "requests"})
+    return fig
