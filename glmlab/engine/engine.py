@@ -32,7 +32,6 @@ from glmlab.engine.scheduler import Scheduler
 from glmlab.engine.types import Batch, CacheTarget, Req, Status, StepOutput
 from glmlab.model.glm import GLM5Model
 from glmlab.spec.engine_phase import SpecPhase, load_spec_draft, spec_budget
-from glmlab.trace.events import StepEvent
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
 CPU_CACHE_BYTES = 256 << 20  # a CPU has no device memory to take a fraction of
@@ -77,7 +76,7 @@ class Engine:
         start = time.perf_counter_ns()
         tokens = self.execute(batch)
         outputs = self.scheduler.update(batch, tokens)
-        self.tracer.emit(StepEvent.of(batch, self.cache.usage(), start, time.perf_counter_ns()))
+        self.tracer.on_step(batch, self.cache.usage, start, time.perf_counter_ns())
         return outputs
 
     def execute(self, batch: Batch) -> list:

@@ -9,15 +9,21 @@ lifecycle events are instants ("i") on a second track.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+from glmlab.cache.hybrid import PoolUsage
 from glmlab.trace.events import RequestEvent, StepEvent
 
 
 class Tracer:
-    """No-op: the engine calls ``emit`` unconditionally, so tracing costs nothing when off."""
+    """No-op: the engine calls ``emit`` and ``on_step`` unconditionally, so tracing costs nothing
+    when off (a step's pool usage, which walks the radix tree, is only computed when recorded)."""
 
     def emit(self, event) -> None:
+        pass
+
+    def on_step(self, batch, usage: Callable[[], PoolUsage], start_ns: int, end_ns: int) -> None:
         pass
 
 
@@ -30,6 +36,9 @@ class RecordingTracer(Tracer):
 
     def emit(self, event) -> None:
         self.events.append(event)
+
+    def on_step(self, batch, usage: Callable[[], PoolUsage], start_ns: int, end_ns: int) -> None:
+        self.events.append(StepEvent.of(batch, usage(), start_ns, end_ns))
 
     @property
     def steps(self) -> list[StepEvent]:
