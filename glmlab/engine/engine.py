@@ -56,7 +56,7 @@ class Engine:
         self.cache = HybridCache(storage, self.cfg.radix)
         self.context_len = self.budget.inputs.context_len
         self.spec = SpecPhase(model, self.cache, spec, self.budget.inputs.spec_slots, draft,
-                              self.cfg.seed) if spec else None
+                              self.cfg.seed, tracer) if spec else None
         self.scheduler = Scheduler(self.cfg, self.cache, self.budget.max_running_requests,
                                    detokenize, tracer,
                                    verify_width=self.spec.verify_width if self.spec else None)

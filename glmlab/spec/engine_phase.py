@@ -42,6 +42,8 @@ from glmlab.spec.draft_kv import DraftKVLayout
 from glmlab.spec.factory import make_decoder
 from glmlab.spec.replay import CommitMode
 from glmlab.spec.types import SpecRequest, TargetStates
+from glmlab.trace.events import CycleEvent
+from glmlab.trace.tracer import NULL_TRACER, Tracer
 
 
 class EngineLayout:
@@ -106,8 +108,9 @@ def spec_budget(inputs: BudgetInputs, model: GLM5Model, spec: SpecConfig,
 
 class SpecPhase:
     def __init__(self, model: GLM5Model, hybrid: HybridCache, spec: SpecConfig, num_rows: int,
-                 draft: DFlashDraftModel | None = None, seed: int = 0):
-        self.model, self.spec = model, spec
+                 draft: DFlashDraftModel | None = None, seed: int = 0,
+                 tracer: Tracer = NULL_TRACER):
+        self.model, self.spec, self.tracer = model, spec, tracer
         self.layout = EngineLayout(hybrid, model.embed_tokens.weight.device)
         self.decoder = make_decoder(model, self.layout, spec, draft=draft, seed=seed,
                                     store_rows=num_rows)
@@ -138,7 +141,7 @@ class SpecPhase:
         if plain:
             out.update(self._plain(plain))
         if verify:
-            out.update(self._verify(verify))
+            out.update(self._verify(verify, batch.step))
         return [out[id(e)] for e in batch.entries if e.samples]
 
     def _plain(self, entries: list[Entry]) -> dict[int, int]:
@@ -184,8 +187,8 @@ class SpecPhase:
         if keep:
             self.decoder.drafter.extend(keep, TargetStates(pos, hs, fs, toks, nxt))
 
-    def _verify(self, entries: list[Entry]) -> dict[int, list[int]]:
-        start = time.perf_counter()
+    def _verify(self, entries: list[Entry], step: int) -> dict[int, list[int]]:
+        start, start_ns = time.perf_counter(), time.perf_counter_ns()
         reqs = []
         for e in entries:
             self._track(e.req)
@@ -199,6 +202,13 @@ class SpecPhase:
         phases = dict(result.stats.phase_s, rest=gap)  # scheduling, other entries, stage gaps
         self.stats.append(dataclasses.replace(result.stats, phase_s=phases))
         self._last_end = time.perf_counter()
+        bounds, t = [], start_ns
+        for name in ("draft", "verify", "commit"):
+            end = t + int(result.stats.phase_s[name] * 1e9)
+            bounds.append((name, t, end))
+            t = end
+        self.tracer.emit(CycleEvent(step, start_ns, tuple(bounds), result.stats.commit_lens,
+                                    result.stats.simulated))
         return {id(e): toks for e, toks in zip(entries, result.emitted, strict=True)}
 
     # ------------------------------------------------------------------ rows and clean-up

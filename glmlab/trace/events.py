@@ -3,6 +3,8 @@
 - ``StepEvent``: one engine step: its batch (which requests, which phase, how many tokens), its
   wall time, and the pools afterwards (pages used / in the tree / evictable, state slots).
 - ``RequestEvent``: a request's lifecycle (add, admit, preempt, finish, abort).
+- ``CycleEvent``: one speculative cycle (``glmlab.spec``): when its draft / verify / commit phases
+  ran and how many tokens each request committed.
 
 Events hold plain values only (no tensors, no live objects), so a trace can be written, read back
 and plotted anywhere. This module knows nothing about how events are stored or shown.
@@ -59,3 +61,19 @@ class RequestEvent:
 
     def to_dict(self) -> dict:
         return {"type": "request", **asdict(self)}
+
+
+@dataclass(frozen=True)
+class CycleEvent:
+    step: int
+    start_ns: int
+    phases: tuple[tuple[str, int, int], ...]  # (draft | verify | commit, start_ns, end_ns)
+    commit_lens: tuple[int, ...]  # per request: accepted drafts + bonus
+    simulated: bool  # simulated acceptance (glmlab.spec.sim): not the target's own output
+
+    @property
+    def end_ns(self) -> int:
+        return self.phases[-1][2] if self.phases else self.start_ns
+
+    def to_dict(self) -> dict:
+        return {"type": "cycle", **asdict(self)}

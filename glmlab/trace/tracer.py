@@ -3,7 +3,8 @@ them as JSONL (one event per line) or as a Chrome/Perfetto trace (open it at ui.
 
 In the Chrome trace, steps are complete events ("X") on one track, pool occupancy is a set of
 counter tracks ("C": pages used / in the tree / evictable, state slots used), and request
-lifecycle events are instants ("i") on a second track.
+lifecycle events are instants ("i") on a second track, speculative cycles' draft / verify /
+commit phases slices on a third.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from glmlab.cache.hybrid import PoolUsage
-from glmlab.trace.events import RequestEvent, StepEvent
+from glmlab.trace.events import CycleEvent, RequestEvent, StepEvent
 
 
 class Tracer:
@@ -44,6 +45,10 @@ class RecordingTracer(Tracer):
     def steps(self) -> list[StepEvent]:
         return [e for e in self.events if isinstance(e, StepEvent)]
 
+    @property
+    def cycles(self) -> list[CycleEvent]:
+        return [e for e in self.events if isinstance(e, CycleEvent)]
+
     def write_jsonl(self, path: str | Path) -> Path:
         path = Path(path)
         with path.open("w") as f:
@@ -68,12 +73,18 @@ class RecordingTracer(Tracer):
                 out.append({"name": "state slots", "ph": "C", "pid": 1, "ts": us(e.end_ns),
                             "args": {"used": p.slots_total - p.slots_free,
                                      "checkpoints": p.checkpoints}})
+            elif isinstance(e, CycleEvent):
+                sim = " (simulated)" if e.simulated else ""
+                out += [{"name": name + sim, "ph": "X", "pid": 1, "tid": 3, "ts": us(a),
+                         "dur": (b - a) / 1e3, "args": {"step": e.step,
+                                                        "commit_lens": list(e.commit_lens)}}
+                        for name, a, b in e.phases]
             else:
                 out.append({"name": f"{e.kind} {e.rid}", "ph": "i", "s": "t", "pid": 1,
                             "tid": 2, "ts": us(e.t_ns), "args": {"step": e.step,
                                                                 "detail": e.detail}})
         names = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": t, "args": {"name": n}}
-                 for t, n in ((1, "engine steps"), (2, "requests"))]
+                 for t, n in ((1, "engine steps"), (2, "requests"), (3, "speculative cycles"))]
         return {"traceEvents": names + out, "displayTimeUnit": "ms"}
 
     def write_chrome_trace(self, path: str | Path) -> Path:
@@ -83,4 +94,4 @@ class RecordingTracer(Tracer):
 
 
 def _start(e) -> int:
-    return e.start_ns if isinstance(e, StepEvent) else e.t_ns
+    return e.start_ns if isinstance(e, StepEvent | CycleEvent) else e.t_ns
