@@ -158,9 +158,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="data/bench")
     p.add_argument("--tag", default="")
     p.add_argument("--quiet", dest="verbose", action="store_false")
-    add_dataclass_args(p, Backends, prefix="backend-")
+    add_dataclass_args(p, Backends, prefix="backends-")
     args = p.parse_args(argv)
-    args.backends = dataclass_from_args(Backends, args, prefix="backend-")
+    args.backends = dataclass_from_args(Backends, args, prefix="backends-")
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     args.accept = {k: float(v) for k, v in (kv.split("=") for kv in args.accept.split(",") if kv)}
     return args
