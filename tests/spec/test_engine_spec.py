@@ -149,3 +149,16 @@ def test_generate_cli_speculative(capsys, tmp_path):
     assert "speculative" not in runs["plain"] and not runs["mtp"]["speculative"]["simulated"]
     sim = runs["sim"]["speculative"]
     assert sim["simulated"] and sim["accept_len"] > 4  # simulated commits, labelled as such
+
+
+def test_sampled_requests_speculate_with_their_own_generators(tiny_model, tmp_path):
+    """Seeded sampling through both drafters: proposal distributions reach the verifier, and a
+    seeded request draws the same tokens on a rerun."""
+    draft = write_random_draft(tiny_model.cfg, tmp_path / "draft", block_size=6)
+    for spec in (MTP718, SpecConfig(algorithm="dflash2", block_size=6, draft_path=str(draft))):
+        params = SamplingParams(max_new_tokens=12, temperature=0.8, top_k=20, seed=3,
+                                ignore_eos=True)
+        runs = [_run(_engine(tiny_model, spec), PROMPTS[:2], params)[1] for _ in range(2)]
+        assert runs[0] == runs[1]
+        assert all(len(o) == 12 and all(0 <= t < tiny_model.cfg.vocab_size for t in o)
+                   for o in runs[0])
