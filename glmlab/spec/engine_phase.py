@@ -85,7 +85,7 @@ def load_spec_draft(model: GLM5Model, spec: SpecConfig, tokenizer=None) -> DFlas
     if spec.algorithm != "dflash2":
         return None
     if spec.draft_path is None:
-        raise ValueError("--speculative dflash2 needs a draft checkpoint (--spec-draft-path)")
+        raise ValueError("dflash2 needs a draft checkpoint (--speculative-draft-path)")
     return load_draft(spec.draft_path, model.cfg, dtype=model.dtype,
                       device=model.embed_tokens.weight.device, tokenizer=tokenizer)
 
