@@ -51,11 +51,15 @@ SEED_ACCEPT = {"mtp": 7.37, "dflash2": 7.03}  # the seed's acceptance lengths at
 
 
 def build_target(preset: str, device: str, dtype: torch.dtype, seed: int = 0,
-                 init: str = "auto") -> GLM5Model:
-    """checkpoint: the preset's cached checkpoint through the real loader; random: weights drawn
-    on the device. ``auto`` picks checkpoint for tiny, random for real widths."""
+                 init: str = "auto", fp8: str = "dequantize") -> GLM5Model:
+    """A checkpoint directory, or a preset: checkpoint = the preset's cached checkpoint through
+    the real loader; random = weights drawn on the device. ``auto`` picks checkpoint for tiny,
+    random for real widths. ``fp8``: how block-FP8 checkpoint weights load (dequantize | keep)."""
+    if Path(preset).is_dir():
+        return load_model(preset, dtype=dtype, device=device, fp8=fp8)
     if init == "checkpoint" or (init == "auto" and preset == "tiny"):
-        return load_model(preset_checkpoint(preset, seed=seed), dtype=dtype, device=device)
+        return load_model(preset_checkpoint(preset, seed=seed), dtype=dtype, device=device,
+                          fp8=fp8)
     cfg = ModelConfig.from_hf(presets.preset(preset))
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build straight in the run dtype: no fp32 copy of the experts
@@ -137,7 +141,9 @@ def dataclass_as_dict(obj) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--preset", default="tiny", help="tiny or slice:N")
+    p.add_argument("--preset", default="tiny", help="tiny, slice:N or a checkpoint directory")
+    p.add_argument("--fp8-weights", choices=("dequantize", "keep"), default="dequantize",
+                   help="block-FP8 checkpoint weights: dequantise at load or keep for FP8 GEMMs")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default=None,
                    help="default: fp32 on CPU, bf16 on CUDA")
@@ -170,7 +176,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     """Every requested drafter (and draft-KV dtype) on one target; returns the rows."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = build_target(args.preset, args.device, _DTYPES[args.dtype], args.seed, args.init)
+    target = build_target(args.preset, args.device, _DTYPES[args.dtype], args.seed, args.init,
+                          args.fp8_weights)
     target.use_backends(args.backends)
     rows = []
     for algorithm in args.algorithms.split(","):
