@@ -79,7 +79,8 @@ def write_tokenizer_files(out: Path, eos_ids: list[int], pad_id: int | None) -> 
     id_to_tok = {v: k for k, v in TINY_SPECIALS.items()}
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": id_to_tok[eos_ids[0]],
+        # a real-vocab config's end ids lie beyond this byte tokenizer: it ends on <|endoftext|>
+        "eos_token": id_to_tok.get(eos_ids[0], "<|endoftext|>"),
         "pad_token": id_to_tok.get(pad_id, "<|endoftext|>"),
         "model_max_length": 1048576,
         "clean_up_tokenization_spaces": False,

@@ -214,3 +214,15 @@ def test_writer_is_deterministic(tmp_path):
     a = write_random_checkpoint(presets.tiny(), tmp_path / "a", seed=3)
     b = write_random_checkpoint(presets.tiny(), tmp_path / "b", seed=3)
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+
+
+def test_tokenizer_files_for_real_vocab_end_ids(tmp_path):
+    """A real-width preset keeps the release's end ids (beyond the byte tokenizer's range)."""
+    from glmlab.checkpoint.tokenizer import write_tokenizer_files
+    from glmlab.tokenizer import Tokenizer
+
+    write_tokenizer_files(tmp_path, [154820, 154827, 154829], 154820)
+    tok = Tokenizer.from_dir(tmp_path)
+    assert tok.eos_token_ids == (154820, 154827, 154829)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == (
+        "<|endoftext|>")
