@@ -4,6 +4,7 @@
     python -m glmlab.bench.engine --preset slice:4 --fp8 --device cuda --num-prompts 64 \\
         --input-len 1024 --output-len 64 --kv-dtype fp8 --index-dtype fp8 --dtype bf16
     python -m glmlab.bench.engine --preset tiny --agreement      # FP8 vs BF16 KV, greedy
+    python -m glmlab.bench.engine --preset tiny --slots --num-prompts 8 --shared-prefix-len 1024
 
 Throughput: all prompts are queued at once (the offline setting, as ``LLM.generate``) after a
 short warm-up; input, output and total tokens/s over the wall time, steps, mean batch sizes,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -34,10 +36,12 @@ from glmlab.checkpoint.writer import write_random_checkpoint
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
+from glmlab.engine.local_pd import slot_accounting
 from glmlab.engine.sampler import SamplingParams
 from glmlab.env import cache_dir
 from glmlab.model.backends import Backends
 from glmlab.model.session import Session
+from glmlab.testing.parity import prompt_ids
 from glmlab.tokenizer import Tokenizer
 from glmlab.trace.tracer import RecordingTracer
 
@@ -157,6 +161,17 @@ def agreement(args) -> dict:
                 bf16_vs_fp32={k: v for k, v in bf16.items() if k not in ("prompts", "new_tokens")})
 
 
+def slots(args) -> dict:
+    """Token slots of N imported requests sharing a prefix, with and without the kv_only cache."""
+    path = checkpoint(args)
+    model = load_model(path, dtype=torch.float32, device=args.device)
+    prefix = prompt_ids(args.shared_prefix_len, args.seed)
+    suffixes = [prompt_ids(args.input_len, args.seed + 1 + i) for i in range(args.num_prompts)]
+    acct = slot_accounting(model, prefix, suffixes, context_len=args.context_len or 4096)
+    return dict(bench="engine-slots", model=str(path), preset=args.preset, **asdict(acct),
+                expected_shared=acct.expected_shared, expected_unshared=acct.expected_unshared)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--preset", default="tiny")
@@ -175,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu-threads", type=int, default=0, help="torch intra-op threads (0: default)")
     p.add_argument("--agreement", action="store_true", help="FP8 vs BF16 KV greedy agreement")
+    p.add_argument("--slots", action="store_true",
+                   help="Lp + N x Ls: token slots of --num-prompts imported requests sharing "
+                        "--shared-prefix-len tokens, each with --input-len of its own")
     p.add_argument("--trace", help="write a Chrome/Perfetto trace of the timed run here")
     p.add_argument("--out", default="data/bench")
     p.add_argument("--tag", default="")
@@ -190,11 +208,14 @@ def main(argv: list[str] | None = None) -> int:
               if f not in _ENGINE_EXCLUDE and hasattr(args, f)}
     engine["backends"] = dataclass_from_args(Backends, args, prefix="backends-")
     cfg = EngineConfig(device=args.device, dtype=args.dtype, seed=args.seed, **engine)
-    row = agreement(args) if args.agreement else throughput(args, cfg)
-    name = "engine-kv-agreement" if args.agreement else "engine"
-    path = write_rows([row], Path(args.out), name + (f"-{args.tag}" if args.tag else ""))
-    keys = ("identical_outputs", "matched_prefix", "teacher_forced_top1") if args.agreement else (
-        "wall_s", "steps", "input_tok_s", "output_tok_s", "total_tok_s", "hit_rate")
+    mode = "kv-agreement" if args.agreement else "slots" if args.slots else ""
+    row = {"kv-agreement": agreement, "slots": slots}[mode](args) if mode else throughput(args, cfg)
+    name = "engine" + (f"-{mode}" if mode else "") + (f"-{args.tag}" if args.tag else "")
+    path = write_rows([row], Path(args.out), name)
+    keys = {"kv-agreement": ("identical_outputs", "matched_prefix", "teacher_forced_top1"),
+            "slots": ("token_slots_shared", "expected_shared", "token_slots_unshared",
+                      "expected_unshared", "hit_rate"),
+            "": ("wall_s", "steps", "input_tok_s", "output_tok_s", "total_tok_s", "hit_rate")}[mode]
     print({k: round(row[k], 4) if isinstance(row[k], float) else row[k] for k in keys})
     print(f"-> {path}")
     return 0

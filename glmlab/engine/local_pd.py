@@ -98,21 +98,25 @@ def slot_accounting(model: GLM5Model, prefix: list[int], suffixes: list[list[int
     """Import N prompts (``prefix`` + each suffix) into a decode engine with and without the
     kv_only cache; token slots in use once all of them hold their prompt."""
     options = {"print_budget": False, **engine_options}
-    params = SamplingParams(max_new_tokens=8, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=64, ignore_eos=True)
     prompts = [prefix + s for s in suffixes]
     used, moved, hit = {}, {}, 0.0
     for radix in (RadixMode.KV_ONLY, RadixMode.OFF):
-        cfg = EngineConfig(radix=radix, max_running_requests=len(suffixes), **options)
+        n = len(suffixes)  # all may run, and all but the first may be in flight at once
+        cfg = EngineConfig(radix=radix, max_running_requests=n, extra_slots=n, **options)
         pd = LocalPD(Engine(model, EngineConfig(**options)), Engine(model, cfg))
         # the first request caches the prefix; the rest arrive together and share it
         handoffs = pd.submit(prompts[:1], params) + pd.submit(prompts[1:], params)
+        pd.decode.step()  # every request decodes: its first token's KV is in place too
         moved[radix] = sum(h.bytes_moved for h in handoffs)
         used[radix] = pd.decode.cache.usage().token_slots_used
         if radix is RadixMode.KV_ONLY:
             hit = pd.decode.cache.stats.hit_rate
         for h in handoffs:
             pd.decode.abort(h.rid)
-    suffix_len = max(len(s) for s in suffixes) + 1  # + the first request's one decoded token
+    suffix_len = max(len(s) for s in suffixes) + 1  # + the first output token
+    # (the first request is one token further; it stays inside that page unless Lp + Ls + 1
+    # starts a new one, which the callers' lengths avoid)
     return SlotAccounting(len(suffixes), len(prefix), suffix_len, model_page(options),
                           used[RadixMode.KV_ONLY], used[RadixMode.OFF], hit,
                           moved[RadixMode.KV_ONLY], moved[RadixMode.OFF])
