@@ -41,7 +41,8 @@ timeout 150 python3 -m glmlab.bench.engine --model /tmp/slice4 --device cuda --d
   --backends-kda fla --backends-sparse-mla tilelang --backends-moe triton --out "$OUT"
 
 stamp spec-bench
-timeout 120 python3 -m glmlab.bench.spec --preset slice:4 --device cuda --batch 8 --context 1024 \
-  --width 8 --cycles 6 --warmup 2 --backends-kda fla --backends-sparse-mla tilelang \
+timeout 200 python3 -m glmlab.bench.spec --preset /tmp/slice4 --fp8-weights keep --device cuda \
+  --dtype bf16 --batch 8 --context 1024 --tag h200-slice4 \
+  --width 8 --cycles 6 --warmup 2 --passes 2 --backends-kda fla --backends-sparse-mla tilelang \
   --backends-moe triton --out "$OUT"
 stamp done
