@@ -60,6 +60,10 @@ def checkpoint(args) -> Path:
     return out
 
 
+def _preset(args) -> str | None:
+    return None if args.model else args.preset  # a given checkpoint is whatever it is
+
+
 def workload(tok: Tokenizer, args, n: int, seed: int) -> list[tuple[list[int], int]]:
     if args.num_groups:
         reqs = shared_prefix_requests(tok, args.num_groups, max(1, n // args.num_groups),
@@ -114,7 +118,7 @@ def throughput(args, cfg: EngineConfig) -> dict:
         tracer.write_chrome_trace(args.trace)
     if args.device.startswith("cuda"):
         result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    return dict(bench="engine", model=str(path), preset=args.preset, device=args.device,
+    return dict(bench="engine", model=str(path), preset=_preset(args), device=args.device,
                 model_dtype=str(dtype).removeprefix("torch."), num_prompts=args.num_prompts,
                 input_len=args.input_len, output_len=args.output_len,
                 shared_prefix_len=args.shared_prefix_len, num_groups=args.num_groups,
@@ -155,7 +159,7 @@ def agreement(args) -> dict:
                        kv[torch.bfloat16])
     # for scale: what BF16 KV itself changes against the fp32 reference cache
     bf16 = kv_agreement(model, prompts, args.output_len, kv[torch.bfloat16], kv[torch.float32])
-    return dict(bench="engine-kv-agreement", model=str(path), preset=args.preset,
+    return dict(bench="engine-kv-agreement", model=str(path), preset=_preset(args),
                 test="fp8 latent + fp8 keys", ref="bf16 latent + bf16 keys", model_dtype="fp32",
                 input_len=args.input_len, seed=args.seed, **fp8,
                 bf16_vs_fp32={k: v for k, v in bf16.items() if k not in ("prompts", "new_tokens")})
@@ -168,7 +172,7 @@ def slots(args) -> dict:
     prefix = prompt_ids(args.shared_prefix_len, args.seed)
     suffixes = [prompt_ids(args.input_len, args.seed + 1 + i) for i in range(args.num_prompts)]
     acct = slot_accounting(model, prefix, suffixes, context_len=args.context_len or 4096)
-    return dict(bench="engine-slots", model=str(path), preset=args.preset, **asdict(acct),
+    return dict(bench="engine-slots", model=str(path), preset=_preset(args), **asdict(acct),
                 expected_shared=acct.expected_shared, expected_unshared=acct.expected_unshared)
 
 
