@@ -50,8 +50,9 @@ def cache_tensors(cache) -> dict[str, tuple[torch.Tensor, Unit]]:
     return out
 
 
-def new_aux(num_state_slots: int) -> torch.Tensor:
-    return torch.zeros(num_state_slots, AUX_WIDTH, dtype=torch.float64)
+def new_aux(num_state_slots: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """One row per state slot, on the cache's device (one WRITE moves host or GPU memory)."""
+    return torch.zeros(num_state_slots, AUX_WIDTH, dtype=torch.float64, device=device)
 
 
 def row_copies(tensors: dict[str, tuple[torch.Tensor, Unit]], page_size: int, kpool: int,

@@ -24,6 +24,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import torch
+
 from glmlab.serve.adapter import EngineAdapter, StepEvent
 from glmlab.serve.backend import Finish, Progress, ServeError
 from glmlab.serve.bootstrap import (
@@ -62,7 +64,7 @@ class PDWorker(Worker):
     def __init__(self, wc: WorkerConfig, adapter: EngineAdapter):
         storage = adapter.storage
         self.tensors = cache_tensors(storage)
-        self.aux = new_aux(storage.num_state_slots)
+        self.aux = new_aux(storage.num_state_slots, storage.device)
         name = f"glmlab-{wc.spec.role.value}-{wc.spec.host}-{wc.spec.port}-{time.time_ns()}"
         self.agent = TransferAgent(name, {**{n: t for n, (t, _) in self.tensors.items()},
                                           AUX: self.aux})
@@ -151,6 +153,8 @@ class PrefillWorker(PDWorker):
             copies = row_copies(self.tensors, self.eng.page_size, self.eng.kpool, lease.pages,
                                 lease.state_slot, lease.state_slot, p.msg)
             p.first = (first, lp, lease.prefix_len)
+            if self.aux.is_cuda:  # NIXL reads GPU memory outside torch's stream order
+                torch.cuda.synchronize(self.aux.device)
             p.write = self.agent.write(p.peer.agent_name, copies, p.peer.regions,
                                        notif(p.msg.room, OK, 0))
             self.timeline.add(ev.rid, "write_posted", room=p.msg.room, bytes=p.write.nbytes,

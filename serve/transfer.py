@@ -44,16 +44,21 @@ class Region:
     addr: int
     row_bytes: int
     num_rows: int
-    device_id: int = 0  # NIXL's device id; 0 for host memory
+    device_id: int = 0  # NIXL's device id: the CUDA ordinal for VRAM, 0 for host memory
+    vram: bool = False  # GPU memory (NIXL VRAM_SEG) rather than host memory (DRAM_SEG)
+
+    @property
+    def mem_type(self) -> str:
+        return "VRAM" if self.vram else "DRAM"
 
     def to_json(self) -> dict:
         return {"name": self.name, "addr": self.addr, "row_bytes": self.row_bytes,
-                "num_rows": self.num_rows, "device_id": self.device_id}
+                "num_rows": self.num_rows, "device_id": self.device_id, "vram": self.vram}
 
     @classmethod
     def from_json(cls, d: dict) -> Region:
         return cls(str(d["name"]), int(d["addr"]), int(d["row_bytes"]), int(d["num_rows"]),
-                   int(d.get("device_id", 0)))
+                   int(d.get("device_id", 0)), bool(d.get("vram", False)))
 
 
 def region_of(name: str, t: torch.Tensor) -> Region:
@@ -62,8 +67,8 @@ def region_of(name: str, t: torch.Tensor) -> Region:
         raise TransferError(f"region {name}: tensor must be contiguous")
     rows = t.shape[0]
     row_bytes = t[0].numel() * t.element_size() if rows else 0
-    device_id = t.device.index or 0 if t.is_cuda else 0
-    return Region(name, t.data_ptr(), row_bytes, rows, device_id)
+    device_id = (t.device.index or 0) if t.is_cuda else 0
+    return Region(name, t.data_ptr(), row_bytes, rows, device_id, vram=t.is_cuda)
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,17 @@ def merge_runs(copies: list[RowCopy]) -> list[RowCopy]:
         else:
             out.append(c)
     return out
+
+
+def mem_types(copies: list[RowCopy], local: dict[str, Region],
+              remote: dict[str, Region]) -> tuple[str, str]:
+    """The one memory type of each side of a WRITE (NIXL takes one per descriptor list)."""
+    kinds = {(local[c.region].mem_type, remote[c.region].mem_type) for c in copies
+             if c.region in local and c.region in remote}
+    if len(kinds) > 1:
+        raise TransferError(f"one WRITE mixes host and GPU memory: {sorted(kinds)}; keep every "
+                            "registered region of a worker on the cache's device")
+    return kinds.pop() if kinds else ("DRAM", "DRAM")
 
 
 def descriptors(copies: list[RowCopy], local: dict[str, Region],
@@ -167,10 +183,11 @@ class TransferAgent:
             self.send_notif(peer, notif)
             return PendingWrite(peer, None, 0, 0, time.monotonic())
         src, dst, total = descriptors(copies, self.regions, remote)
+        src_mem, dst_mem = mem_types(copies, self.regions, remote)
         try:
             handle = self._agent.initialize_xfer(
-                "WRITE", self._agent.get_xfer_descs(src, "DRAM" if not src[0, 2] else "VRAM"),
-                self._agent.get_xfer_descs(dst, "DRAM" if not dst[0, 2] else "VRAM"), peer, notif)
+                "WRITE", self._agent.get_xfer_descs(src, src_mem),
+                self._agent.get_xfer_descs(dst, dst_mem), peer, notif)
             state = self._agent.transfer(handle)
         except Exception as e:  # nixl raises its own error types from the bindings
             raise TransferError(f"posting a WRITE of {total} B to {peer} failed: {e}") from e
