@@ -265,7 +265,8 @@ def _kda_config(text: dict) -> KDAConfig:
     return KDAConfig(
         num_heads=int(nested.get("num_heads", text.get("linear_num_heads", 64))),
         head_dim=int(nested.get("head_dim", text.get("linear_head_dim", 128))),
-        conv_kernel=int(nested.get("short_conv_kernel_size", text.get("linear_conv_kernel_dim", 4))),
+        conv_kernel=int(
+            nested.get("short_conv_kernel_size", text.get("linear_conv_kernel_dim", 4))),
         lower_bound=float(lower),
     )
 
@@ -276,7 +277,8 @@ def _dsa_config(text: dict) -> DSAConfig:
     heads = int(_get(text, "num_attention_heads"))
     kv_heads = int(text.get("num_key_value_heads") or heads)
     if kv_heads != heads:
-        raise ConfigError(f"num_key_value_heads ({kv_heads}) must equal num_attention_heads ({heads})")
+        raise ConfigError(
+            f"num_key_value_heads ({kv_heads}) must equal num_attention_heads ({heads})")
     if text.get("q_lora_rank") is None:
         raise ConfigError("DSA attention requires q_lora_rank")
     if text.get("attention_bias"):
@@ -370,7 +372,8 @@ def _parse_text_config(text: dict, raw: dict) -> ModelConfig:
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-5)),
         swiglu_limit=float(text.get("swiglu_limit", 10.0)),
         num_mtp_layers=int(text.get("num_nextn_predict_layers", 0)),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+        tie_word_embeddings=bool(
+            raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
         max_position_embeddings=int(text.get("max_position_embeddings", 1_048_576)),
         pad_token_id=text.get("pad_token_id"),
         bos_token_id=text.get("bos_token_id"),

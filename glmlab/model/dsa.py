@@ -1,4 +1,4 @@
-"""DSA layer: multi-head latent attention without RoPE, restricted to positions a k-pool indexer picks.
+"""DSA layer: multi-head latent attention without RoPE over the positions a k-pool indexer picks.
 
 MLA (MODEL.md section 2.5), run in the absorbed form a server uses:
   q_lat = RMSNorm(W_qa h);  q = W_qb q_lat  -> [H, Dn]
@@ -38,11 +38,12 @@ class Indexer(nn.Module):
         self.wk = Linear(cfg.hidden_size, d.index_head_dim)
         self.k_norm = nn.LayerNorm(d.index_head_dim, eps=1e-6)
         self.weights_proj = Linear(cfg.hidden_size, d.index_n_heads)
-        self.index_kpool_compress_gate = nn.Parameter(torch.empty(d.index_head_dim, cfg.hidden_size))
+        self.index_kpool_compress_gate = nn.Parameter(
+            torch.empty(d.index_head_dim, cfg.hidden_size))
         self.index_kpool_compress_ape = nn.Parameter(torch.empty(d.index_kpool, d.index_head_dim))
 
     def project(self, h: torch.Tensor, q_lat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Per-token queries [T, HI, DI], keys [T, DI], gate logits [T, DI], head weights [T, HI]."""
+        """Per token: queries [T, HI, DI], keys [T, DI], gate logits [T, DI], weights [T, HI]."""
         d = self.cfg
         q = self.wq_b(q_lat).unflatten(-1, (d.index_n_heads, d.index_head_dim))
         k = self.k_norm(self.wk(h))

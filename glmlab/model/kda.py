@@ -98,7 +98,7 @@ class KDAttention(nn.Module):
         return y
 
     def _gated_norm(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """RMSNorm over each head's V channels (weight shared by heads) times sigmoid(gate), fp32."""
+        """RMSNorm over each head's V channels (shared weight) times sigmoid(gate), in fp32."""
         of = o.float()
         of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps)
         return (self.o_norm.float() * of * torch.sigmoid(gate.float())).to(o.dtype)

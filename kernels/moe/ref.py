@@ -1,6 +1,7 @@
 """Torch references for the GLM-5.3-Flash MoE: routing and the per-expert clamped-SwiGLU loop.
 
-Shapes (kernels/README.md): T tokens, D hidden, I expert intermediate, E experts, A active per token.
+Shapes (kernels/README.md): T tokens, D hidden, I expert intermediate, E experts, A active experts
+per token.
 
 Routing (MODEL.md section 2.6): fp32 sigmoid scores; the correction bias steers *selection only*;
 the chosen scores are renormalised and multiplied by the routed scaling factor (2.5).
@@ -54,8 +55,9 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     out = torch.zeros_like(x)
     for e in torch.unique(ids).tolist():
         tok, slot = torch.where(ids == e)
-        up_w = w13[e] if w13_scale is None else dequant_block_fp8(w13[e], w13_scale[e], x.dtype, block)
-        down_w = w2[e] if w2_scale is None else dequant_block_fp8(w2[e], w2_scale[e], x.dtype, block)
+        fp8 = w13_scale is not None
+        up_w = dequant_block_fp8(w13[e], w13_scale[e], x.dtype, block) if fp8 else w13[e]
+        down_w = dequant_block_fp8(w2[e], w2_scale[e], x.dtype, block) if fp8 else w2[e]
         gate, up = F.linear(x[tok], up_w.to(x.dtype)).chunk(2, dim=-1)
         y = F.linear(clamped_swiglu(gate, up, limit), down_w.to(x.dtype)) * weights[tok, slot, None]
         out.index_add_(0, tok, y.to(out.dtype))
