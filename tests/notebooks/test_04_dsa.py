@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import nbformat
-from nbclient import NotebookClient
-
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "04_dsa_kernels.ipynb"
+from glmlab.testing.notebooks import run_notebook
 
 
 def test_dsa_notebook_runs():
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "strip outputs"
-    NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    nb = run_notebook("04_dsa_kernels.ipynb", timeout=300)
     text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/markdown", ""))
                    for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "| 2112 | 128 | 17 | 64 |" in text and "| 2112 | 32 | 66 | 0 |" in text
