@@ -16,8 +16,6 @@ exactly causal attention and scoring is skipped (the same set, computed without 
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 from torch import nn
 
@@ -104,22 +102,7 @@ class DSAttention(nn.Module):
         pool_slots = plan.context_slots[i][: num_pools * d.index_kpool: d.index_kpool]
         keys = cache.read_pool_keys(self.layer_idx, pool_slots // d.index_kpool, k.dtype)
         scores = indexer_scores_ref(q, keys, w, d.index_head_dim**-0.5)
-        if plan.verify is not None:
-            return self._select_as_decode(scores, pos)
         return select_ref(scores, pos, d.topk_pools, d.index_kpool, d.always_select_tail)
-
-    def _select_as_decode(self, scores: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Speculative verify must pick exactly what one-token decode steps would. Pools often
-        tie (every head ReLU'd to 0) and top-k breaks ties by the row's width, so queries rank
-        only their own complete pools, as a decode step does (grouped by that count)."""
-        d, out, first = self.cfg, [], 0
-        widths = [(p + 1) // d.index_kpool for p in pos.tolist()]
-        for width, group in itertools.groupby(widths):
-            n = len(list(group))
-            out.append(select_ref(scores[first:first + n, :width], pos[first:first + n],
-                                  d.topk_pools, d.index_kpool, d.always_select_tail))
-            first += n
-        return torch.cat(out)
 
     def _update_pools(self, i, plan, cache, k, gate) -> int:
         """Compress the pools this step completes; keep the incomplete rest as the tail."""

@@ -55,6 +55,10 @@ def select_ref(scores: torch.Tensor, query_pos: torch.Tensor, topk_pools: int, k
     Returns:
         [T, topk_pools*kpool + (kpool-1 if select_tail else 0)] int64 positions, -1 padded.
         Selected pools come first in descending score order, then the tail in position order.
+        Equal scores are broken towards the lower pool id. Ties are common (a pool whose heads
+        all ReLU to 0 scores exactly 0), and ``torch.topk`` breaks them differently for rows of
+        different widths; a fixed rule makes the choice independent of how many queries or pools
+        a step holds, so prefill, chunked prefill, decode and speculative verify agree.
     """
     t_len, num_pools = scores.shape
     device = scores.device
@@ -62,7 +66,7 @@ def select_ref(scores: torch.Tensor, query_pos: torch.Tensor, topk_pools: int, k
     valid = pool_end[None, :] <= query_pos[:, None]  # [T, P]
     k = min(topk_pools, num_pools)
     masked = scores.float().masked_fill(~valid, torch.finfo(torch.float32).min)
-    picked = masked.topk(k, dim=-1).indices  # [T, k]
+    picked = masked.sort(dim=-1, descending=True, stable=True).indices[:, :k]  # [T, k]
     picked_ok = valid.gather(-1, picked)
     offs = torch.arange(kpool, device=device)
     tokens = (picked[..., None] * kpool + offs).masked_fill(~picked_ok[..., None], -1)
