@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-from enum import Enum
 from pathlib import Path
 
 from glmlab.checkpoint.presets_dir import resolve_model
@@ -23,23 +22,16 @@ from glmlab.serve.supervisor import Service
 HELP = ("serve a checkpoint (default: the tiny preset) as 1P1D behind sglang-router on "
         "127.0.0.1:30000, with NIXL transfers; SGLang /generate and OpenAI /v1 APIs")
 
-# engine fields that the service sets itself (device per instance) or that are not flags
-_ENGINE_EXCLUDE = ("device", "backends", "print_budget")  # workers run the torch ops
-
-
-def _enum_defaults(cls) -> dict:
-    """Enum-valued defaults as their plain values (argparse would str() the enum member)."""
-    obj = cls()
-    return {f.name: getattr(obj, f.name).value for f in dataclasses.fields(cls)
-            if isinstance(getattr(obj, f.name), Enum)}
+# engine fields that the service sets itself (device per instance) or does not offer yet: workers
+# run the torch ops, and PD decode does not speculate (draft state is not shipped over NIXL)
+_ENGINE_EXCLUDE = ("device", "backends", "print_budget", "speculative")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_dataclass_args(p, ServeConfig, exclude=("transfer",), defaults=_enum_defaults(ServeConfig))
+    add_dataclass_args(p, ServeConfig, exclude=("transfer",))
     add_dataclass_args(p, TransferConfig, prefix="transfer-")
     for role in ("prefill", "decode"):
-        add_dataclass_args(p, EngineConfig, prefix=f"{role}-", exclude=_ENGINE_EXCLUDE,
-                           defaults=_enum_defaults(EngineConfig))
+        add_dataclass_args(p, EngineConfig, prefix=f"{role}-", exclude=_ENGINE_EXCLUDE)
 
 
 def engine_options(args: argparse.Namespace, role: str) -> dict:

@@ -91,7 +91,7 @@ class CPDSAttention(nn.Module):
         mine = ilv.local_rows(h.device)
         slots = []
         for i, (s, e) in enumerate(plan.token_ranges()):
-            m._update_pools(i, plan, cache, k_all[s:e], gate_all[s:e])  # the layer's own update
+            m.update_pools(i, plan, cache, k_all[s:e], gate_all[s:e])  # the layer's own update
             lo, hi = torch.searchsorted(mine, torch.tensor([s, e], device=h.device)).tolist()
             pos = mine[lo:hi] - s + plan.cache_lens[i]  # positions of this rank's queries
             sel = _select(m, i, plan, cache, iq[lo:hi], iw[lo:hi], pos, ik.dtype)

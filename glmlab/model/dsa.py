@@ -94,7 +94,7 @@ class DSAttention(nn.Module):
         """Update this sequence's pool keys and tail, then pick positions for each new token."""
         d = self.cfg
         start, n = plan.cache_lens[i], plan.seq_lens[i]
-        num_pools = self._update_pools(i, plan, cache, k, gate)
+        num_pools = self.update_pools(i, plan, cache, k, gate)
         pos = torch.arange(start, start + n, device=q.device)
         if d.always_select_tail and start + n <= d.index_topk:
             ctx = torch.arange(start + n, device=q.device)
@@ -104,7 +104,7 @@ class DSAttention(nn.Module):
         scores = indexer_scores_ref(q, keys, w, d.index_head_dim**-0.5)
         return select_ref(scores, pos, d.topk_pools, d.index_kpool, d.always_select_tail)
 
-    def _update_pools(self, i, plan, cache, k, gate) -> int:
+    def update_pools(self, i, plan, cache, k, gate) -> int:
         """Compress the pools this step completes; keep the incomplete rest as the tail."""
         kp, layer = self.cfg.index_kpool, self.layer_idx
         start, n, slot = plan.cache_lens[i], plan.seq_lens[i], plan.state_slots[i]
