@@ -6,5 +6,8 @@
 - ``kda_tp``: KDA heads split over the group;
 - ``ep_moe``: MoE with experts split over the CP group, BF16 or FP8-packet dispatch;
 - ``fp8_packet``: byte accounting and kernel choice for the FP8 activation packets;
-- ``check``: the same prefill single-device and under CP, for comparisons; ``cli``: ``glmlab dist``.
+- ``check``: the same prefill single-device and under CP, for comparisons; ``cli``: ``glmlab dist``;
+- ``tp``: ``apply_tp``, tensor (heads, MLP channels) + expert parallelism on replicated tokens;
+- ``engine_tp``: the engine under TP, every rank in step (``LeaderEngine`` / ``follow``);
+- ``tp_check``: the same requests through one engine and a TP engine, for comparisons.
 """

@@ -51,9 +51,12 @@ def moe_experts_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     Returns:
         [T, D] in x.dtype. Experts are visited in ascending id and their weighted outputs are
         accumulated in x.dtype, the order transformers uses, so bf16 results match it closely.
+        Pairs whose id is outside [0, E) (another EP rank's expert) contribute nothing.
     """
     out = torch.zeros_like(x)
     for e in torch.unique(ids).tolist():
+        if not 0 <= e < w13.shape[0]:
+            continue
         tok, slot = torch.where(ids == e)
         fp8 = w13_scale is not None
         up_w = dequant_block_fp8(w13[e], w13_scale[e], x.dtype, block) if fp8 else w13[e]
