@@ -80,6 +80,24 @@ def init_random_(model: GLM5Model, seed: int = 0) -> GLM5Model:
     return model
 
 
+def random_parameter(name: str, shape: tuple[int, ...], seed: int,
+                     device: torch.device | str) -> torch.Tensor:
+    """The fp32 value ``init_random_`` gives parameter ``name`` on ``device``, without building
+    the rest of the model (a tensor-parallel rank draws the parameters it keeps)."""
+    device = torch.device(device)
+    return _random_value(name, torch.Size(shape), _generator(seed, name, device), device)
+
+
+def fp8_parameter_names(model: GLM5Model) -> set[str]:
+    """Parameters a ``fp8=True`` checkpoint stores as block-FP8 (``checkpoint_tensors``)."""
+    return _fp8_params(model)
+
+
+def stored_in_fp32(name: str) -> bool:
+    """Whether a checkpoint keeps parameter ``name`` in fp32 (the rest is written as bf16)."""
+    return _is_fp32_in_release(name)
+
+
 def _fp8_params(model: GLM5Model) -> set[str]:
     """Model parameters the release stores as block-FP8."""
     names = set()

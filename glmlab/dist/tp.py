@@ -169,24 +169,27 @@ def tp_config(cfg: ModelConfig, tp: int) -> ModelConfig:
 
 def apply_tp(model: GLM5Model, groups: ProcessGroups) -> GLM5Model:
     """Transform ``model`` in place into this rank's TP (and EP) shard; returns it."""
-    info = groups.info
-    tp, rank = info.tp_size, info.tp_rank
-    if info.ep_size not in (1, tp) or (info.ep_size > 1 and groups.ep is not groups.tp):
-        raise ValueError(f"expert parallelism must be 1 or use the TP group itself: {info}")
-    if tp == 1:
+    if groups.info.tp_size == 1:
+        check_layout(groups)
         return model
     full = model.cfg
-    for layer in model.layers:
-        _shard_block(layer, full, rank, tp, groups.tp, info.ep_size > 1)
-    if model.mtp is not None:
-        _shard_block(model.mtp, full, rank, tp, groups.tp, info.ep_size > 1)
-    model.cfg = tp_config(full, tp)
+    for block in (*model.layers, *([model.mtp] if model.mtp is not None else [])):
+        shard_block(block, full, groups)
+    model.cfg = tp_config(full, groups.info.tp_size)
     return model
 
 
-def _shard_block(block: nn.Module, full: ModelConfig, rank: int, tp: int, group,
-                 expert_parallel: bool) -> None:
-    """One decoder (or MTP) block: its attention and its FFN."""
+def check_layout(groups: ProcessGroups) -> None:
+    info = groups.info
+    if info.ep_size not in (1, info.tp_size) or (info.ep_size > 1 and groups.ep is not groups.tp):
+        raise ValueError(f"expert parallelism must be 1 or use the TP group itself: {info}")
+
+
+def shard_block(block: nn.Module, full: ModelConfig, groups: ProcessGroups) -> None:
+    """One decoder (or MTP) block of a model of config ``full``: its attention and its FFN."""
+    check_layout(groups)
+    info, group = groups.info, groups.tp
+    rank, tp = info.tp_rank, info.tp_size
     attn = block.self_attn
     if isinstance(attn, KDAttention):
         shard = shard_kda(attn, full, rank, tp)
@@ -195,6 +198,6 @@ def _shard_block(block: nn.Module, full: ModelConfig, rank: int, tp: int, group,
     else:
         block.self_attn = shard_dsa(attn, full, rank, tp, group)
     if isinstance(block.mlp, MoE):
-        block.mlp = TPMoE(block.mlp, rank, tp, group, expert_parallel)
+        block.mlp = TPMoE(block.mlp, rank, tp, group, info.ep_size > 1)
     else:
         block.mlp = shard_mlp(block.mlp, rank, tp, group)
