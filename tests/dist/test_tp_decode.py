@@ -180,3 +180,21 @@ def test_moe_reference_skips_other_ranks_experts():
     dropped = moe_experts_ref(x, ids.clamp(min=0), weights * (ids >= 0), w13, w2, 10.0)
     torch.testing.assert_close(masked, dropped)
     assert masked[2].abs().max() == 0
+
+
+@pytest.mark.parametrize("mode", ["mixed", "pd"])
+def test_bench_loop_counts_every_token(mode):
+    """The TP benchmark's closed loop (one process here): every request, every token, timed."""
+    from glmlab.dist.bench_tp import BenchSpec, Rung, Workload, build_shard, run_rung
+    from glmlab.dist.parallel import ProcessGroups
+
+    options = {"page_size": 16, "cache_bytes": 4 << 20, "context_len": 128}
+    rung = Rung(mode, {**options, "radix": "kv_only" if mode == "pd" else "kv_and_state"}, mode,
+                prefill_engine=options)
+    work = Workload(num_prompts=5, input_len=70, output_len=4, shared_prefix_ratio=0.5,
+                    concurrency=3)
+    spec = BenchSpec(ParallelLayout(), (rung,), work)
+    groups = ProcessGroups.single()
+    row = run_rung(spec, build_shard(spec, groups), groups, rung)
+    assert row["requests"] == 5 and row["output_tokens"] == 5 * 4
+    assert row["peak_running"] <= 3 and row["mean_tpot_ms"] > 0
