@@ -26,6 +26,7 @@ from glmlab.kernels.fp8.ref import dequant_block_fp8, quant_block_fp8
 from glmlab.kernels.moe.ref import moe_experts_ref
 from glmlab.model.layers import Linear
 from glmlab.spec.config import SpecConfig
+from glmlab.spec.dflash_io import write_random_draft
 from glmlab.testing.compare import assert_close
 
 BACKEND = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
@@ -33,13 +34,22 @@ DEVICE = "cuda" if BACKEND == "nccl" else "cpu"
 BASE = dict(page_size=16, chunk_size=32, max_num_batched_tokens=64, cache_bytes=8 << 20)
 MIXED = DecodeCase()  # 37, 5, 20, 64 tokens in two waves: prefill chunks beside decodes
 SHARED = DecodeCase((21, 5, 40, 9), max_new_tokens=5, shared_prefix_len=35)
-RUNS_2 = {
-    "plain": (BASE, MIXED),
-    "radix-kv-and-state": (dict(BASE, radix="kv_and_state"), SHARED),
-    "mtp-spec": (dict(BASE, speculative=SpecConfig("mtp", num_steps=2)), MIXED),
-    "mtp-simulated-accept": (dict(BASE, speculative=SpecConfig(
-        "mtp", num_steps=3, simulate_accept_len=2.5)), DecodeCase(max_new_tokens=8)),
-}
+DRAFT_DIR = "dflash2-draft"  # a random DFlash2 draft for the tiny model (``runs`` fixture)
+
+
+def runs_2(draft: str) -> dict:
+    return {
+        "plain": (BASE, MIXED),
+        "radix-kv-and-state": (dict(BASE, radix="kv_and_state"), SHARED),
+        "mtp-spec": (dict(BASE, speculative=SpecConfig("mtp", num_steps=2)), MIXED),
+        "mtp-simulated-accept": (dict(BASE, speculative=SpecConfig(
+            "mtp", num_steps=3, simulate_accept_len=2.5)), DecodeCase(max_new_tokens=8)),
+        "dflash2-spec": (dict(BASE, speculative=SpecConfig(
+            "dflash2", block_size=4, draft_path=draft)), MIXED),
+    }
+
+
+SPEC_RUNS = ("mtp-spec", "dflash2-spec")
 EP1 = ("plain-ep1", BASE, MIXED)
 RUNS_4 = {"plain": (BASE, MIXED)}
 
@@ -64,6 +74,13 @@ def tiny_path() -> str:
 
 
 @pytest.fixture(scope="module")
+def runs(tiny_path, tmp_path_factory) -> dict:
+    draft = write_random_draft(ModelConfig.from_hf(tiny_path),
+                               tmp_path_factory.mktemp(DRAFT_DIR), block_size=4)
+    return runs_2(str(draft))
+
+
+@pytest.fixture(scope="module")
 def four_head_path(tmp_path_factory) -> str:
     cfg = presets.tiny()
     text = cfg["text_config"]
@@ -73,10 +90,10 @@ def four_head_path(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tiny_path):
-    stages = [(ParallelLayout(tp=2, ep=2), list(RUNS_2.values())),
+def two_ranks(tiny_path, runs):
+    stages = [(ParallelLayout(tp=2, ep=2), list(runs.values())),
               (ParallelLayout(tp=2, ep=1), [EP1[1:]])]
-    names = [*RUNS_2, EP1[0]]
+    names = [*runs, EP1[0]]
     return [dict(zip(names, rank, strict=True))
             for rank in launch(_rank_work, 2, tiny_path, stages, backend=BACKEND)]
 
@@ -91,14 +108,14 @@ def four_ranks(four_head_path):
 
 
 @pytest.fixture(scope="module")
-def single(tiny_path, four_head_path):
+def single(tiny_path, four_head_path, runs):
     out = {(tiny_path, k): single_run(tiny_path, "fp32", o, c, DEVICE)
-           for k, (o, c) in RUNS_2.items()}
+           for k, (o, c) in runs.items()}
     out[four_head_path, "plain"] = single_run(four_head_path, "fp32", *RUNS_4["plain"], DEVICE)
     return out
 
 
-@pytest.mark.parametrize("name", [*RUNS_2, EP1[0]])
+@pytest.mark.parametrize("name", [*runs_2(""), EP1[0]])
 def test_tp2_tokens_equal_single_process(two_ranks, single, tiny_path, name):
     ref = single[tiny_path, name.removesuffix("-ep1")]
     for rank in range(2):
@@ -124,9 +141,12 @@ def test_tp2_logits_close(two_ranks, single, tiny_path, name):
         assert_close(f"tp2 {name} prompt {i}", a, b, "fp32_chunk")
 
 
-def test_speculation_under_tp_is_lossless(single, tiny_path):
-    """MTP verification keeps greedy outputs: the TP run equals them through the check above."""
-    assert single[tiny_path, "mtp-spec"].outputs == single[tiny_path, "plain"].outputs
+@pytest.mark.parametrize("name", SPEC_RUNS)
+def test_speculation_under_tp_is_lossless(two_ranks, single, tiny_path, name):
+    """Verification keeps greedy outputs, under TP as on one process."""
+    plain = single[tiny_path, "plain"].outputs
+    assert single[tiny_path, name].outputs == plain
+    assert all(two_ranks[rank][name].outputs == plain for rank in range(2))
 
 
 def test_radix_reuse_happened(two_ranks, single, tiny_path):
