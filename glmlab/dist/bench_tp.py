@@ -165,7 +165,9 @@ def run_pd(pd: LocalPD, prompts: list[list[int]], params: SamplingParams,
            concurrency: int) -> Run:
     run, todo, live = Run(start=time.perf_counter()), deque(prompts), set()
     while todo or pd.decode.has_work:
-        room = min(concurrency - len(live), len(todo))
+        # at most what the prefill engine runs at once: a hand-off batch is prefilled whole
+        # before any of it moves, and held requests keep their state slots until then
+        room = min(concurrency - len(live), len(todo), pd.prefill.budget.max_running_requests)
         if room > 0:
             start = time.perf_counter()
             handoffs = pd.submit([todo.popleft() for _ in range(room)], params)
