@@ -8,6 +8,9 @@
 #   OUT=/dir bash scripts/h200x4_decode_ladder.sh spec      # rungs 3, 4, 6 (speculative, mixed engine)
 #   OUT=/dir bash scripts/h200x4_decode_ladder.sh prefill   # 64K/10, no shared prefix, concurrency 2
 #
+#   REHEARSE=1 OUT=/dir bash scripts/h200x4_decode_ladder.sh decode   # the same rung files on the
+#       CPU: tiny model, 2 gloo ranks, small pools, torch ops (checks the rungs, not the numbers)
+#
 # One stage per device call (each stays under the 10-minute limit: ~2 min to draw the shards, then
 # ~1-2 min per rung). Carry .devpack (../shared/tools/devpack fla tilelang). Rows go to
 # $OUT/tp-decode-h200x4-<stage>.jsonl, each with the seed's figures beside ours.
@@ -27,19 +30,39 @@
 set -u
 STAGE=${1:?usage: OUT=/dir bash scripts/h200x4_decode_ladder.sh decode|spec|prefill}
 OUT=${OUT:?set OUT}
+REHEARSE=${REHEARSE:-0}
 NUM_PROMPTS=${NUM_PROMPTS:-264}
+PY=${PY:-python3}
 export PYTHONUNBUFFERED=1 GLMLAB_CACHE_DIR=/tmp/glmcache FLA_TILELANG=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 exec > >(tee -a "$OUT/log-$STAGE.txt") 2>&1
 stamp() { echo "== $(date +%T) $*"; }
 
-stamp install
-SITE=$(mktemp -d); for p in .devpack/*.tar.xz; do tar -xJf "$p" -C "$SITE"; done
-export PYTHONPATH=$SITE
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,temperature.gpu,power.draw --format=csv
-python3 -c "import torch, triton, fla, tilelang; print(torch.__version__, triton.__version__, torch.cuda.device_count(), 'GPUs')"
-df -h /tmp | tail -1
+if [ "$REHEARSE" = 1 ]; then
+  DRAFT=$OUT/dflash2-tiny
+  TARGET="--ranks 2 --device cpu --preset tiny --fp8 --fp8-weights dequantize --dtype fp32 --cpu-threads 1"
+  OVERRIDE='{"page_size": 16, "context_len": 320, "cache_bytes": 8000000, "mem_fraction": 0.85,
+    "backends": {"kda": "torch", "sparse_mla": "torch", "moe": "torch"}, "print_budget": false,
+    "chunk_size": 64, "max_prefill_tokens": 128, "max_num_batched_tokens": 128,
+    "speculative": {"draft_path": "'$DRAFT'"}}'
+  SIZE_DECODE="--input-len 256 --output-len 24 --shared-prefix-ratio 0.999"
+  SIZE_PREFILL="--input-len 300 --output-len 3 --shared-prefix-ratio 0 --concurrency 2"
+  NUM_PROMPTS=10; NUM_PROMPTS_PREFILL=4; DRAFT_TARGET=tiny; TAG=cpu-rehearsal-$STAGE
+else
+  stamp install
+  SITE=$(mktemp -d); for p in .devpack/*.tar.xz; do tar -xJf "$p" -C "$SITE"; done
+  export PYTHONPATH=$SITE
+  $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,temperature.gpu,power.draw --format=csv
+  $PY -c "import torch, triton, fla, tilelang; print(torch.__version__, triton.__version__, torch.cuda.device_count(), 'GPUs')"
+  df -h /tmp | tail -1
+  DRAFT=/tmp/dflash2-full
+  TARGET="--ranks 4 --device cuda --preset full --fp8 --fp8-weights keep --dtype bf16"
+  OVERRIDE='{}'
+  SIZE_DECODE="--input-len 65536 --output-len 1024 --shared-prefix-ratio 0.999"
+  SIZE_PREFILL="--input-len 65536 --output-len 10 --shared-prefix-ratio 0 --concurrency 2"
+  DRAFT_TARGET=full; TAG=h200x4-$STAGE
+fi
 
 COMMON='"page_size": 64, "context_len": 66560, "mem_fraction": 0.92, "print_budget": true,
   "backends": {"kda": "fla", "sparse_mla": "tilelang", "moe": "triton"}'
@@ -65,10 +88,10 @@ decode) cat > "$RUNGS" <<EOF
   "seed": {"max_running_requests": 128, "output_tok_s": 9529.15, "mean_tpot_ms": 12.47,
            "note": "seed rung 5 also runs MTP516 + ReplaySSM; glmlab's imported requests decode without speculation"}}]
 EOF
-  ARGS="--input-len 65536 --output-len 1024 --shared-prefix-ratio 0.999" ;;
+  ARGS=$SIZE_DECODE ;;
 spec)
   stamp draft
-  python3 -c "from glmlab.presets import preset_config; from glmlab.spec.dflash_io import write_random_draft; print(write_random_draft(preset_config('full'), '/tmp/dflash2-full', block_size=8))"
+  $PY -c "from glmlab.presets import preset_config; from glmlab.spec.dflash_io import write_random_draft; print(write_random_draft(preset_config('$DRAFT_TARGET'), '$DRAFT', block_size=8))"
   cat > "$RUNGS" <<EOF
 [{"name": "3-fp8kv-mtp516", "mode": "mixed",
   "engine": {$COMMON, $FP8KV, "state_dtype": "fp32", "radix": "kv_and_state",
@@ -83,10 +106,10 @@ spec)
  {"name": "6-dflash2-b8", "mode": "mixed",
   "engine": {$COMMON, $FP8KV, "state_dtype": "bf16", "radix": "kv_and_state",
              "speculative": {"algorithm": "dflash2", "block_size": 8, "commit": "replay",
-                             "draft_path": "/tmp/dflash2-full", "simulate_accept_len": 7.03}},
+                             "draft_path": "$DRAFT", "simulate_accept_len": 7.03}},
   "seed": {"max_running_requests": 132, "output_tok_s": 12026.62, "mean_tpot_ms": 10.07}}]
 EOF
-  ARGS="--input-len 65536 --output-len 1024 --shared-prefix-ratio 0.999" ;;
+  ARGS=$SIZE_DECODE ;;
 prefill) NUM_PROMPTS=${NUM_PROMPTS_PREFILL:-8}; cat > "$RUNGS" <<EOF
 [{"name": "tp4-chunk8k", "mode": "mixed",
   "engine": {$COMMON, "kv_dtype": "bf16", "radix": "off", "chunk_size": 8192,
@@ -97,14 +120,13 @@ prefill) NUM_PROMPTS=${NUM_PROMPTS_PREFILL:-8}; cat > "$RUNGS" <<EOF
              "max_prefill_tokens": 32768, "max_num_batched_tokens": 32768},
   "seed": {"input_tok_s": 48064.24, "mean_ttft_s": 2.72, "note": "seed final: TP4/EP1/CP4"}}]
 EOF
-  ARGS="--input-len 65536 --output-len 10 --shared-prefix-ratio 0 --concurrency 2" ;;
+  ARGS=$SIZE_PREFILL ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
 
 stamp "bench $STAGE"
 # shellcheck disable=SC2086
-timeout 560 python3 -m glmlab.dist.bench_tp --ranks 4 --device cuda --preset full --fp8 \
-  --fp8-weights keep --dtype bf16 --num-prompts "$NUM_PROMPTS" $ARGS --rungs "@$RUNGS" \
-  --out "$OUT" --tag "h200x4-$STAGE"
+timeout 560 $PY -m glmlab.dist.bench_tp $TARGET --num-prompts "$NUM_PROMPTS" $ARGS \
+  --rungs "@$RUNGS" --override "$OVERRIDE" --out "$OUT" --tag "$TAG"
 echo "bench exit $?"
 stamp done

@@ -291,15 +291,36 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     p.add_argument("--rungs", default='[{"name": "default"}]',
                    help="JSON list of rungs {name, engine, mode, prefill_engine, seed}, or @FILE")
+    p.add_argument("--override", default="{}",
+                   help="JSON merged into every rung's engine options, e.g. to rehearse a GPU "
+                        "ladder on the CPU with small pools and the torch backends")
     p.add_argument("--out", default="data/bench")
     p.add_argument("--tag", default="")
     return p
 
 
+def with_override(rung: Rung, override: dict) -> Rung:
+    """``override`` merged into the rung's engine options (and its prefill engine's); its
+    ``speculative`` part only into rungs that speculate."""
+    def merged(options: dict) -> dict:
+        out = dict(options)
+        for key, value in override.items():
+            if key == "speculative":
+                if key in out:
+                    out[key] = {**out[key], **value}
+            else:
+                out[key] = value
+        return out
+
+    prefill = merged(rung.prefill_engine) if rung.mode == "pd" else rung.prefill_engine
+    return dataclasses.replace(rung, engine=merged(rung.engine), prefill_engine=prefill)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     text = Path(args.rungs[1:]).read_text() if args.rungs.startswith("@") else args.rungs
-    rungs = tuple(Rung(**r) for r in json.loads(text))
+    override = json.loads(args.override)
+    rungs = tuple(with_override(Rung(**r), override) for r in json.loads(text))
     workload = Workload(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Workload)})
     layout = ParallelLayout(tp=args.ranks, ep=args.ep or args.ranks)
     spec = BenchSpec(layout, rungs, workload, args.model, args.preset, args.fp8,
