@@ -25,8 +25,9 @@
 # decode steps pay Python and launch overhead the seed does not; imported (PD) requests decode
 # without speculation, so speculative rungs run in one mixed engine whose kv_and_state radix
 # computes the shared prefix once (the seed's decode instance gets it from prefill instances);
-# "tuned MoE + DSA tiles" is whatever kernels/moe/configs and the TileLang kernel choose for the
-# per-rank shapes (72 local experts, 16 DSA heads), with no separate switch.
+# "tuned MoE + DSA tiles" has no switch of its own: the Triton MoE reads the tuned H200 tables of
+# the per-rank shape (kernels/moe/configs/moe-*-E72-...: 288/4 local experts) in every rung, and
+# the TileLang sparse-MLA kernel picks its KV tile for 16 heads per rank.
 set -u
 STAGE=${1:?usage: OUT=/dir bash scripts/h200x4_decode_ladder.sh decode|spec|prefill}
 OUT=${OUT:?set OUT}
