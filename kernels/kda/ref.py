@@ -61,6 +61,14 @@ def causal_conv_ref(
     return F.silu(y).t().to(x.dtype), xx[:, xx.shape[1] - (w - 1) :]
 
 
+def _fp32_inputs(q, k, v, g, beta, initial_state):
+    """Everything in fp32, and a zero state [B, H, K, V] when none is given."""
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
+    b, _, h, dk = k.shape
+    s = k.new_zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state.float()
+    return q, k, v, g, beta, s
+
+
 def kda_recurrent_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -77,9 +85,8 @@ def kda_recurrent_ref(
     Returns:
         o: [B, T, H, V] fp32 and the final state [B, H, K, V] fp32.
     """
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    b, t_len, h, dk = k.shape
-    s = k.new_zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state.float()
+    q, k, v, g, beta, s = _fp32_inputs(q, k, v, g, beta, initial_state)
+    b, t_len, h, _ = k.shape
     out = []
     for t in range(t_len):
         s = s * g[:, t].exp()[..., None]
@@ -110,9 +117,8 @@ def kda_chunk_ref(
     S_end = exp(G_C) * S0 + sum_s (k_s e^{G_C - G_s}) u_s^T. Differences of G are formed before the
     exponential, so no term can overflow however strong the decay.
     """
-    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
-    b, t_len, h, dk = k.shape
-    s = k.new_zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state.float()
+    q, k, v, g, beta, s = _fp32_inputs(q, k, v, g, beta, initial_state)
+    b, t_len, h, _ = k.shape
     outs = []
     for start in range(0, t_len, chunk_size):
         sl = slice(start, min(start + chunk_size, t_len))
