@@ -55,8 +55,11 @@ def test_killing_prefill_frees_decode_and_stops_the_service(tmp_path, capsys):
         assert state["transfers_waiting"] == 0 and state["num_parked_reqs"] == 0
         assert state["transfer_failures"] >= 1 and state["quarantined_requests"] == 0
         events = http(decode + "/pd_trace")[1]["events"]
-        assert any(e["event"] == "transfer_failed" and "stopped answering" in e["reason"]
-                   for e in events)
+        # Each room fails by one of three paths, which one depends on timing under load: sent to
+        # the dead prefill (peer check), being sent when it died, or still waiting (timeout).
+        paths = ("stopped answering", "cannot send the room message", f"within {TIMEOUT_S:.0f} s")
+        reasons = [e["reason"] for e in events if e["event"] == "transfer_failed"]
+        assert reasons and all(any(p in r for p in paths) for r in reasons), reasons
         # the decode worker still serves (its own health), the supervisor names the dead child
         assert http(decode + "/health")[0] == 200
         children = list(svc.children)
