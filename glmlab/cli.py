@@ -14,7 +14,7 @@ COMMANDS = {
     "bench": "glmlab.commands.bench",
     "serve": "glmlab.commands.serve",
     "budget": "glmlab.commands.budget",
-    "dist": "glmlab.dist.cli",
+    "dist": "glmlab.distributed.cli",
 }
 
 

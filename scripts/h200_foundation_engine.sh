@@ -22,7 +22,7 @@ python3 -c "import torch, triton, fla, tilelang; print(torch.__version__, triton
 
 stamp gpu-tests
 timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/model tests/kernels/kda \
-  tests/engine tests/spec > "$OUT/pytest_gpu.txt" 2>&1
+  tests/engine tests/speculative > "$OUT/pytest_gpu.txt" 2>&1
 tail -25 "$OUT/pytest_gpu.txt"
 
 stamp write-slice

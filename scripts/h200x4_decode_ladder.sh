@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 8 on four H200s (kind nvidia-h200-x4): the seed's decode ladder at TP4/EP4 and its prefill
 # point at TP4, full size, random weights in the real FP8 layout (~80 GB per GPU). Each rank draws
-# its own shard on its GPU (glmlab.dist.random_shard: the 320 GB checkpoint fits neither the
+# its own shard on its GPU (glmlab.distributed.random_shard: the 320 GB checkpoint fits neither the
 # 235 GiB disk nor one GPU), so nothing is written to disk but the small DFlash2 draft.
 #
 #   OUT=/dir bash scripts/h200x4_decode_ladder.sh decode    # rungs 1, 2, 5 (decode instance, LocalPD)
@@ -92,7 +92,7 @@ EOF
   ARGS=$SIZE_DECODE ;;
 spec)
   stamp draft
-  $PY -c "from glmlab.presets import preset_config; from glmlab.spec.dflash_io import write_random_draft; print(write_random_draft(preset_config('$DRAFT_TARGET'), '$DRAFT', block_size=8))"
+  $PY -c "from glmlab.presets import preset_config; from glmlab.speculative.dflash_io import write_random_draft; print(write_random_draft(preset_config('$DRAFT_TARGET'), '$DRAFT', block_size=8))"
   cat > "$RUNGS" <<EOF
 [{"name": "3-fp8kv-mtp516", "mode": "mixed",
   "engine": {$COMMON, $FP8KV, "state_dtype": "fp32", "radix": "kv_and_state",
@@ -127,7 +127,7 @@ esac
 
 stamp "bench $STAGE"
 # shellcheck disable=SC2086
-timeout 560 $PY -m glmlab.dist.bench_tp $TARGET --num-prompts "$NUM_PROMPTS" $ARGS \
+timeout 560 $PY -m glmlab.distributed.bench_tp $TARGET --num-prompts "$NUM_PROMPTS" $ARGS \
   --rungs "@$RUNGS" --override "$OVERRIDE" --out "$OUT" --tag "$TAG"
 echo "bench exit $?"
 stamp done

@@ -9,11 +9,11 @@
 #
 # NOT RUNNABLE YET, and on purpose exact about why: `glmlab serve` refuses tp/ep sizes > 1 at start
 # (serve/supervisor.py), because a TP instance needs (1) one process per rank with the worker as
-# rank 0 driving glmlab.dist.engine_tp.LeaderEngine and the others `follow`ing it, and (2) a NIXL
+# rank 0 driving glmlab.distributed.engine_tp.LeaderEngine and the others `follow`ing it, and (2) a NIXL
 # agent per rank: prefill rank r writes its own KDA-state shard (and its copy of the replicated
 # latent rows) into decode rank r, and decode rank 0 may complete an import only when every rank's
 # transfer has landed. Full size also needs serve to draw random shards in place (weights ~320 GB:
-# no disk here holds them, see glmlab.dist.random_shard); until then MODEL is a slice checkpoint
+# no disk here holds them, see glmlab.distributed.random_shard); until then MODEL is a slice checkpoint
 # (slice:12, ~80 GB FP8, loaded whole by each rank before sharding). serve also does not yet offer
 # backend choice (workers run the torch ops) or speculation on PD decode (draft state is not
 # shipped over NIXL): the flags for those are the ones marked "(not offered yet)" below.

@@ -33,11 +33,11 @@ from glmlab.bench.ops import write_rows
 from glmlab.cache.storage import CacheDtypes, ModelCache
 from glmlab.checkpoint.writer import init_random_
 from glmlab.config import ModelConfig
-from glmlab.dist.cp import CPConfig, CPPrefill
-from glmlab.dist.ep_moe import EPMoE, MoEDispatch
-from glmlab.dist.fp8_packet import PacketKernels, packet_ops
-from glmlab.dist.interleave import CPComm
-from glmlab.dist.parallel import ParallelLayout, ProcessGroups, launch
+from glmlab.distributed.cp import CPConfig, CPPrefill
+from glmlab.distributed.ep_moe import EPMoE, MoEDispatch
+from glmlab.distributed.fp8_packet import PacketKernels, packet_ops
+from glmlab.distributed.interleave import CPComm
+from glmlab.distributed.parallel import ParallelLayout, ProcessGroups, launch
 from glmlab.kernels.fp8.packet_ref import PacketLayout
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan

@@ -14,7 +14,7 @@ per-cycle phase times for timeline plots. One JSONL row per drafter goes to
 
 The tiny preset loads its cached checkpoint; ``slice:N`` builds random real-width weights directly
 on the device (no multi-GB checkpoint written; ``--init`` overrides either choice). The DFlash2
-draft is random too: its widths follow the target (``glmlab.spec.dflash_io.draft_shape``),
+draft is random too: its widths follow the target (``glmlab.speculative.dflash_io.draft_shape``),
 ``--draft-layers`` deep.
 """
 
@@ -37,14 +37,14 @@ from glmlab.engine.sampler import SamplingParams
 from glmlab.model.backends import Backends
 from glmlab.model.glm import GLM5Model
 from glmlab.model.session import Session
-from glmlab.spec.config import SpecConfig
-from glmlab.spec.cycle import PHASES, SpecDecoder
-from glmlab.spec.dflash import DFlashDraftModel
-from glmlab.spec.dflash_io import init_random_draft_, random_draft_config
-from glmlab.spec.factory import make_decoder
-from glmlab.spec.layout import SessionLayout
-from glmlab.spec.memory import spec_state_bytes
-from glmlab.spec.types import SpecRequest
+from glmlab.speculative.config import SpecConfig
+from glmlab.speculative.cycle import PHASES, SpecDecoder
+from glmlab.speculative.dflash import DFlashDraftModel
+from glmlab.speculative.dflash_io import init_random_draft_, random_draft_config
+from glmlab.speculative.factory import make_decoder
+from glmlab.speculative.layout import SessionLayout
+from glmlab.speculative.memory import spec_state_bytes
+from glmlab.speculative.types import SpecRequest
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 SEED_ACCEPT = {"mtp": 7.37, "dflash2": 7.03}  # the seed's acceptance lengths at width 8

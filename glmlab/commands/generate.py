@@ -11,7 +11,7 @@ from glmlab.engine.config import EngineConfig
 from glmlab.engine.llm import LLM
 from glmlab.engine.sampler import SamplingParams
 from glmlab.model.backends import Backends
-from glmlab.spec.config import SpecConfig
+from glmlab.speculative.config import SpecConfig
 
 HELP = "generate a continuation (greedy by default) from --prompt or --prompt-ids"
 _ENGINE_EXCLUDE = ("device", "dtype", "seed", "print_budget")

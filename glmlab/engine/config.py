@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
 from glmlab.model.backends import Backends
-from glmlab.spec.config import SpecConfig
+from glmlab.speculative.config import SpecConfig
 
 
 class _Choice(str, Enum):
@@ -79,7 +79,7 @@ class EngineConfig:
     backends: Backends = field(default_factory=Backends)
     seed: int = 0  # base seed of sampled requests that bring none
     print_budget: bool = True  # print the budget table when the engine starts
-    speculative: SpecConfig | None = None  # speculative decoding (glmlab.spec); None = off
+    speculative: SpecConfig | None = None  # speculative decoding (glmlab.speculative); None = off
 
     def __post_init__(self) -> None:
         for name, enum in _ENUMS.items():

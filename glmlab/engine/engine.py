@@ -31,7 +31,7 @@ from glmlab.engine.sampler import SamplingParams, make_generator, sample_batch
 from glmlab.engine.scheduler import Scheduler
 from glmlab.engine.types import Batch, CacheTarget, Req, Status, StepOutput
 from glmlab.model.glm import GLM5Model
-from glmlab.spec.engine_phase import SpecPhase, load_spec_draft, spec_budget
+from glmlab.speculative.engine_phase import SpecPhase, load_spec_draft, spec_budget
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
 CPU_CACHE_BYTES = 256 << 20  # a CPU has no device memory to take a fraction of
@@ -81,7 +81,7 @@ class Engine:
 
     def execute(self, batch: Batch) -> list:
         """The batch's forward and sampling: one token per sampling entry, or with speculation
-        the emitted tokens of each VERIFY entry (``glmlab.spec.engine_phase``)."""
+        the emitted tokens of each VERIFY entry (``glmlab.speculative.engine_phase``)."""
         if self.spec is not None:
             return self.spec.execute(batch, self.scheduler.running)
         return self.sample(batch, self.runner.forward(self.runner.plan(batch)))

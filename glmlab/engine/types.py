@@ -21,7 +21,7 @@ from glmlab.engine.sampler import SamplingParams
 class Phase(str, Enum):
     PREFILL = "prefill"  # prompt tokens (or recomputed ones)
     DECODE = "decode"  # the one token sampled last step
-    VERIFY = "verify"  # speculative window: the last sampled token + drafts (glmlab.spec)
+    VERIFY = "verify"  # speculative window: the last sampled token + drafts (glmlab.speculative)
 
 
 class Status(str, Enum):

@@ -12,7 +12,7 @@ Where things live:
 
 The plan holds no model tensors and is never mutated; every layer reads the same plan.
 
-A speculative *verify* step carries a ``VerifyRecorder`` (``glmlab.spec.commit``): the KDA and DSA
+A speculative *verify* step carries a ``VerifyRecorder`` (``glmlab.speculative.commit``): the KDA and DSA
 layers hand it the per-step inputs of their carried state and leave the committed KDA state
 untouched, so the state can later be committed to whatever prefix of the window was accepted.
 """

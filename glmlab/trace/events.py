@@ -3,7 +3,7 @@
 - ``StepEvent``: one engine step: its batch (which requests, which phase, how many tokens), its
   wall time, and the pools afterwards (pages used / in the tree / evictable, state slots).
 - ``RequestEvent``: a request's lifecycle (add, admit, preempt, finish, abort).
-- ``CycleEvent``: one speculative cycle (``glmlab.spec``): when its draft / verify / commit phases
+- ``CycleEvent``: one speculative cycle (``glmlab.speculative``): when its draft / verify / commit phases
   ran and how many tokens each request committed.
 
 Events hold plain values only (no tensors, no live objects), so a trace can be written, read back
@@ -69,7 +69,7 @@ class CycleEvent:
     start_ns: int
     phases: tuple[tuple[str, int, int], ...]  # (draft | verify | commit, start_ns, end_ns)
     commit_lens: tuple[int, ...]  # per request: accepted drafts + bonus
-    simulated: bool  # simulated acceptance (glmlab.spec.sim): not the target's own output
+    simulated: bool  # simulated acceptance (glmlab.speculative.sim): not the target's own output
 
     @property
     def end_ns(self) -> int:

@@ -21,7 +21,7 @@ from glmlab.cache.budget_report import budget_rows, seed_comparison_rows
 from glmlab.cache.spec import CacheSpec
 from glmlab.cache.storage import CacheDtypes
 from glmlab.presets import preset_config
-from glmlab.spec.costs import SEED
+from glmlab.speculative.costs import SEED
 from glmlab.trace.events import CycleEvent, StepEvent
 
 _DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmlab.dist.fp8_packet import gathered_bytes, transport_bytes
+from glmlab.distributed.fp8_packet import gathered_bytes, transport_bytes
 from glmlab.kernels.fp8.packet_ref import (
     PacketLayout,
     dequant_act_fp8,

@@ -1,0 +1,142 @@
+"""What a verify forward records of the carried state, and the commit to an accepted prefix.
+
+A verify forward advances every request's carried state over its whole window: the KDA recurrent
+and conv state, and each DSA layer's indexer tail (the raw rows of the incomplete 4-token pool).
+After ``commit_len`` window tokens are accepted the cache must hold exactly the state after
+``commit_len`` steps. ``SpecStateStore`` is the ``VerifyRecorder`` a verify plan carries
+(``glmlab.model.plan``); per state slot it keeps
+
+- the conv window ``[C, W-1+D]``: the held W-1 conv inputs, then the window's D inputs; the state
+  after c steps is columns c .. c+W-2 (sglang keeps a per-step copy, ``intermediate_conv_window``);
+- the indexer rows ``[kpool-1+D, 2*DI]`` per DSA layer: the held tail rows, then the window's rows;
+  the tail after c steps is the rows of the pool that is incomplete at the committed length;
+- the KDA recurrence in ``REPLAY`` (ring of step inputs) or ``SNAPSHOT`` (post-step states) mode.
+
+Rows the window wrote past the accepted length (MLA latents, pooled indexer keys of pools that
+completed inside the rejected part) need no undo: a pool key or latent row is rewritten by the
+step that really reaches its position, before any query can read it.
+
+Buffers are indexed by *rows* of their own (``num_rows``), not by state slot: only requests that
+speculate need one, and a budget may give the store fewer rows than there are state slots.
+``bind`` maps a state slot to a row; by default row i serves state slot i.
+
+``commit`` leaves the committed KDA state untouched when the verify did (both modes), so a request
+whose cycle is abandoned (abort, finish) leaves no trace: its row is simply unbound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glmlab.cache.storage import ModelCache
+from glmlab.config import ModelConfig
+from glmlab.speculative.replay import CommitMode, ReplayRing, StateSnapshots
+
+
+class SpecStateStore:
+    def __init__(self, cfg: ModelConfig, num_rows: int, width: int, mode: CommitMode,
+                 act_dtype: torch.dtype, state_dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu", num_state_slots: int | None = None):
+        if width < 2:
+            raise ValueError(f"a verify window holds the anchor and >= 1 draft; got width {width}")
+        self.cfg, self.width, self.mode = cfg, width, CommitMode(mode)
+        kd, ds = cfg.kda, cfg.dsa
+        self.row_of_slot = torch.full((num_state_slots or num_rows,), -1, dtype=torch.long,
+                                      device=device)
+        if num_state_slots is None:
+            self.row_of_slot[:] = torch.arange(num_rows, device=device)
+        self.conv_window = {i: torch.zeros(num_rows, kd.conv_channels, kd.conv_kernel - 1 + width,
+                                           dtype=act_dtype, device=device) for i in cfg.kda_layers}
+        self.index_rows = {i: torch.zeros(num_rows, ds.index_kpool - 1 + width,
+                                          2 * ds.index_head_dim, dtype=act_dtype, device=device)
+                           for i in cfg.dsa_layers}
+        self.index_held = torch.zeros(num_rows, dtype=torch.long, device=device)
+        if self.mode is CommitMode.REPLAY:
+            self.recurrence = ReplayRing(cfg, num_rows, width, act_dtype, device)
+        else:
+            self.recurrence = StateSnapshots(cfg, num_rows, width, state_dtype, device)
+
+    def bind(self, slots: list[int], rows: list[int]) -> None:
+        self.row_of_slot[slots] = torch.tensor(rows, dtype=torch.long,
+                                               device=self.row_of_slot.device)
+
+    def unbind(self, slots: list[int]) -> None:
+        self.row_of_slot[slots] = -1
+
+    def rows(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.row_of_slot[slots.to(self.row_of_slot.device)]
+
+    # --- VerifyRecorder (called by the KDA and DSA layers during a verify forward) ----------
+    def _window(self, n_tokens: int, n_seqs: int) -> int:
+        d = n_tokens // n_seqs
+        if d * n_seqs != n_tokens or not 1 <= d <= self.width:
+            raise ValueError(f"verify batch of {n_tokens} tokens over {n_seqs} sequences does not "
+                             f"split into equal windows of at most {self.width}")
+        return d
+
+    def record_conv(self, layer: int, slots: torch.Tensor, held: torch.Tensor,
+                    x: torch.Tensor) -> None:
+        n = slots.shape[0]
+        d = self._window(x.shape[0], n)
+        window = torch.cat([held.to(x.dtype), x.view(n, d, -1).transpose(1, 2)], dim=2)
+        store = self.conv_window[layer]
+        store[self.rows(slots), :, : window.shape[2]] = window.to(store.dtype)
+
+    def kda_recurrence(self, layer: int, slots: torch.Tensor, q, k, v, g, beta,
+                       states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = slots.shape[0]
+        d = self._window(k.shape[0], n)
+        q, k, v, g = (t.view(n, d, *t.shape[1:]) for t in (q, k, v, g))
+        o = self.recurrence.verify(layer, self.rows(slots), q, k, v, g, beta.view(n, d, -1),
+                                   states)
+        return o.flatten(0, 1), states  # the committed state is not advanced
+
+    def record_index_rows(self, layer: int, slot: torch.Tensor, held: int,
+                          rows: torch.Tensor) -> None:
+        row = self.rows(slot)
+        self.index_rows[layer][row, : rows.shape[0]] = rows.to(self.index_rows[layer].dtype)
+        self.index_held[row] = held
+
+    # --- commit ------------------------------------------------------------------------------
+    def commit(self, cache: ModelCache, slots: torch.Tensor, commit_lens: torch.Tensor) -> None:
+        """Roll every carried state of ``slots`` to the first ``commit_lens`` window steps."""
+        slots = slots.to(self.index_held.device)
+        rows = self.rows(slots)
+        lens = commit_lens.to(slots.device).long()
+        if bool(((lens < 1) | (lens > self.width)).any()):
+            raise ValueError(f"commit lengths must lie in 1..{self.width}: {lens.tolist()}")
+        if bool((rows < 0).any()):
+            raise ValueError(f"state slots without a speculative row: {slots[rows < 0].tolist()}")
+        w1 = self.cfg.kda.conv_kernel - 1
+        cols = lens[:, None] + torch.arange(w1, device=slots.device)  # [N, W-1]
+        for layer in self.cfg.kda_layers:
+            window = self.conv_window[layer][rows]  # [N, C, W-1+D]
+            idx = cols[:, None, :].expand(-1, window.shape[1], -1)
+            cache.conv[layer][slots] = window.gather(2, idx).to(cache.conv[layer].dtype)
+            self.recurrence.commit(layer, cache.recurrent[layer], slots, rows, lens)
+        kp = self.cfg.dsa.index_kpool
+        end = self.index_held[rows] + lens  # position just past the committed length
+        new_held = end % kp
+        picks = (end - new_held)[:, None] + torch.arange(kp, device=slots.device)  # [N, kpool]
+        picks = picks.clamp(max=kp - 2 + self.width)  # entries past the tail are masked below
+        for layer in self.cfg.dsa_layers:
+            src = self.index_rows[layer][rows]  # [N, kpool-1+D, 2*DI]
+            tail = src.gather(1, picks[..., None].expand(-1, -1, src.shape[2]))
+            keep = torch.arange(kp, device=slots.device)[None, :] < new_held[:, None]
+            old = cache.index_tail[layer][slots]
+            cache.index_tail[layer][slots] = torch.where(keep[..., None], tail.to(old.dtype), old)
+
+    @staticmethod
+    def bytes_per_slot(cfg: ModelConfig, width: int, mode: CommitMode, act_dtype: torch.dtype,
+                       state_dtype: torch.dtype) -> dict[str, int]:
+        """Speculative-state bytes one state slot needs, by part."""
+        act = torch.finfo(act_dtype).bits // 8
+        kd, ds = cfg.kda, cfg.dsa
+        conv = len(cfg.kda_layers) * kd.conv_channels * (kd.conv_kernel - 1 + width) * act
+        index = len(cfg.dsa_layers) * (ds.index_kpool - 1 + width) * 2 * ds.index_head_dim * act
+        if CommitMode(mode) is CommitMode.REPLAY:
+            rec = ReplayRing.bytes_per_slot(cfg, width, act_dtype)
+        else:
+            rec = StateSnapshots.bytes_per_slot(cfg, width, state_dtype)
+        return {"recurrence": rec, "conv_window": conv, "index_rows": index,
+                "total": rec + conv + index}

@@ -1,0 +1,166 @@
+"""DFlash2 block drafting: a small non-causal draft model fed with the target's own features.
+
+Draft model (TECHNIQUES.md section 1.1): N Qwen3-style pre-norm decoder layers (attention with
+per-head q/k RMSNorm and neox RoPE, then a SwiGLU MLP) and a final norm. It has no embedding or
+lm_head: it borrows the target's.
+
+- Context: for every committed position the target's hidden features after ``target_layer_ids``
+  (stream means of the mHC streams) are concatenated, projected ``ctx = hidden_norm(fc(.))`` and
+  turned into each draft layer's K/V (``k = RoPE(k_norm(W_k ctx))``, ``v = W_v ctx``), written to
+  the ``DraftKVStore`` at the target's token slot. No draft forward ever runs over context tokens.
+- Block: ``[anchor, MASK x (B-1)]`` at positions n .. n+B-1 attends to all context K/V and,
+  non-causally, to the whole block. The hidden states of the B-1 mask slots go through the target's
+  lm_head; the ``CandidateSelector`` turns them into B-1 drafts in one forward.
+- After verification the committed window positions are projected into draft KV the same way
+  (``extend``); there is no draft-extend forward.
+
+Attention is computed in the model dtype with fp32 softmax (``scaled_dot_product_attention``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from glmlab.model.glm import GLM5Model
+from glmlab.model.layers import Linear, RMSNorm
+from glmlab.speculative.dflash_config import DFlashConfig
+from glmlab.speculative.draft_kv import DraftKVStore
+from glmlab.speculative.selector import CandidateSelector
+from glmlab.speculative.types import CacheLayout, Proposal, SpecRequest, TargetStates
+
+
+def rope_neox(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """x [..., H, Dh] rotated by positions [...] (first half / second half pairs)."""
+    half = x.shape[-1] // 2
+    inv = theta ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = positions.float()[..., None] * inv  # [..., Dh/2]
+    cos, sin = ang.cos()[..., None, :], ang.sin()[..., None, :]
+    x1, x2 = x.float()[..., :half], x.float()[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+
+class DraftAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        d, h, hkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj, self.k_proj = Linear(d, h * dh), Linear(d, hkv * dh)
+        self.v_proj, self.o_proj = Linear(d, hkv * dh), Linear(h * dh, d)
+        self.q_norm, self.k_norm = RMSNorm(dh, cfg.rms_norm_eps), RMSNorm(dh, cfg.rms_norm_eps)
+
+    def kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., D] -> k, v [..., HKV, Dh] (k normed and rotated)."""
+        c = self.cfg
+        heads = (c.num_kv_heads, c.head_dim)
+        k = self.k_norm(self.k_proj(x).unflatten(-1, heads))
+        return rope_neox(k, positions, c.rope_theta), self.v_proj(x).unflatten(-1, heads)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, ctx_valid: torch.Tensor) -> torch.Tensor:
+        """x [N, B, D]; ctx_k, ctx_v [N, L, HKV, Dh]; ctx_valid [N, L] -> [N, B, D]."""
+        c = self.cfg
+        n, b, _ = x.shape
+        q = self.q_norm(self.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim)))
+        q = rope_neox(q, positions, c.rope_theta)
+        k, v = self.kv(x, positions)
+        keys = torch.cat([ctx_k.to(x.dtype), k], dim=1).transpose(1, 2)  # [N, HKV, L+B, Dh]
+        vals = torch.cat([ctx_v.to(x.dtype), v], dim=1).transpose(1, 2)
+        valid = torch.cat([ctx_valid, ctx_valid.new_ones(n, b)], dim=1)  # block: non-causal
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals,
+                                           attn_mask=valid[:, None, None, :], enable_gqa=True)
+        return self.o_proj(o.transpose(1, 2).flatten(2))
+
+
+class DraftLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps)
+        self.gate_proj, self.up_proj, self.down_proj = Linear(d, i), Linear(d, i), Linear(i, d)
+
+    def forward(self, x, positions, ctx_k, ctx_v, ctx_valid):
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, ctx_valid)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class DFlashDraftModel(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        d = cfg.hidden_size
+        self.cfg = cfg
+        self.fc = Linear(len(cfg.target_layer_ids) * d, d)
+        self.hidden_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.selector = CandidateSelector(cfg.vocab_size, d, cfg.selector_rank, cfg.selector_top_k)
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
+        """features [T, F] captured target features -> per draft layer (k, v) [T, HKV, Dh]."""
+        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return [layer.self_attn.kv(ctx, positions) for layer in self.layers]
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: DraftKVStore,
+                ctx_slots: torch.Tensor) -> torch.Tensor:
+        """x [N, B, D] block embeddings; ctx_slots [N, L] token slots (-1 padded) -> [N, B, D]."""
+        valid = ctx_slots >= 0
+        for i, layer in enumerate(self.layers):
+            ctx_k, ctx_v = kv.read(i, ctx_slots.clamp(min=0), x.dtype)
+            x = layer(x, positions, ctx_k, ctx_v, valid)
+        return self.norm(x)
+
+
+class DFlashDrafter:
+    """Drives a ``DFlashDraftModel`` over a target model and a cache layout."""
+
+    def __init__(self, target: GLM5Model, draft: DFlashDraftModel, layout: CacheLayout,
+                 kv: DraftKVStore):
+        draft.cfg.check_target(target.cfg)
+        self.target, self.draft, self.layout, self.kv = target, draft, layout, kv
+        self.width = draft.cfg.block_size
+        self.capture_layers = draft.cfg.target_layer_ids
+
+    @torch.inference_mode()
+    def extend(self, reqs: list[SpecRequest], states: TargetStates) -> None:
+        """Project the committed positions' target features into draft KV at their slots."""
+        device = self.target.embed_tokens.weight.device
+        slots = torch.cat([self.layout.token_slots(r.row, p, p + len(t))
+                           for r, p, t in zip(reqs, states.positions, states.tokens, strict=True)])
+        pos = torch.cat([torch.arange(p, p + len(t), device=device)
+                         for p, t in zip(states.positions, states.tokens, strict=True)])
+        for i, (k, v) in enumerate(self.draft.context_kv(torch.cat(states.features), pos)):
+            self.kv.write(i, slots, k, v)
+
+    @torch.inference_mode()
+    def propose(self, reqs: list[SpecRequest]) -> Proposal:
+        cfg, device = self.draft.cfg, self.target.embed_tokens.weight.device
+        b = cfg.block_size
+        anchor = torch.tensor([r.anchor for r in reqs], device=device)
+        ids = torch.full((len(reqs), b), cfg.mask_token_id, device=device)
+        ids[:, 0] = anchor
+        start = torch.tensor([r.committed for r in reqs], device=device)
+        positions = start[:, None] + torch.arange(b, device=device)
+        hidden = self.draft(self.target.embed_tokens(ids), positions, self.kv,
+                            self._context_slots(reqs))
+        drafted = hidden[:, 1:]  # the mask slots predict the tokens at their positions
+        logits = self.target.logits(drafted)  # [N, B-1, V]
+        sel = self.draft.selector
+        cand, first, edges = sel.scores(logits, drafted, anchor)
+        temps = [r.params.temperature for r in reqs]
+        tokens, q_rows = sel.walk(cand, first, edges, temps, [r.generator for r in reqs])
+        if all(t <= 0 for t in temps):
+            return Proposal(tokens)
+        return Proposal(tokens, sel.dense_proposal(cand, q_rows, cfg.vocab_size))
+
+    def _context_slots(self, reqs: list[SpecRequest]) -> torch.Tensor:
+        """[N, L] token slots of each request's committed positions, -1 padded."""
+        rows = [self.layout.token_slots(r.row, 0, r.committed) for r in reqs]
+        width = max(len(x) for x in rows)
+        return torch.stack([F.pad(x, (0, width - len(x)), value=-1) for x in rows])
+
+    def release(self, reqs: list[SpecRequest]) -> None:
+        """Draft KV rows belong to the target's token slots; nothing is held per request."""

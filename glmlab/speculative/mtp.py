@@ -1,0 +1,74 @@
+"""The checkpoint's MTP layer as a chain drafter: top-k 1, S serial steps, verify width S + 1.
+
+The MTP layer predicts token t+2 from the target's final hidden state at t and the token at t+1
+(MODEL.md section 2.8); its DSA cache row t holds that pair. With n committed tokens and the anchor
+a = token n (sampled, not yet in the target cache), one cycle is (sglang's EAGLE worker, top-k 1):
+
+    draft-extend (end of the last cycle): MTP rows over the newly committed positions, inputs
+        (h_t, token_{t+1}); the last row is (h_{n-1}, a), whose output m_{n-1} gives d_1;
+    draft: S-1 serial single-token steps; step j writes MTP row n+j-1 from (m_{n+j-2}, d_j) and
+        gives d_{j+1} (later steps feed the MTP's own output hidden, as the target's is unknown);
+    verify [a, d_1 .. d_S] with the target; commit c tokens; draft-extend over rows n .. n+c-1.
+
+MTP516 is S = 5 (width 6), MTP718 is S = 7 (width 8). Rows the chain wrote past the committed length
+are overwritten by the next extend before any query reads them, but the chain also advances the
+MTP layer's indexer tail (a per-request state), so the drafter saves it before the chain and puts it
+back afterwards. Drafts are argmax tokens (point mass): sampled requests are verified with
+target-only chain sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glmlab.model.glm import GLM5Model
+from glmlab.speculative.types import CacheLayout, Proposal, SpecRequest, TargetStates
+
+
+class MTPDrafter:
+    capture_layers: tuple[int, ...] = ()
+
+    def __init__(self, model: GLM5Model, layout: CacheLayout, num_steps: int):
+        if model.mtp is None:
+            raise ValueError("the MTP drafter needs a model loaded with its MTP layer")
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        self.model, self.layout, self.num_steps = model, layout, num_steps
+        self.width = num_steps + 1
+        self.layer = model.cfg.mtp_layer
+        self._hidden: dict[int, torch.Tensor] = {}  # row -> m (MTP output at the last row) [D]
+        self._first: dict[int, int] = {}  # row -> d_1 (argmax of m's logits)
+
+    @torch.inference_mode()
+    def extend(self, reqs: list[SpecRequest], states: TargetStates) -> None:
+        """Draft-extend: MTP rows for the committed positions; remembers the last row's output."""
+        device = self.model.embed_tokens.weight.device
+        plan = self.layout.plan([r.row for r in reqs], [len(t) for t in states.tokens],
+                                states.positions)
+        hidden = torch.cat(states.hidden)
+        ids = torch.tensor([t for nxt in states.next_tokens for t in nxt], device=device)
+        m = self.model.mtp_forward(hidden, ids, plan, self.layout.cache)
+        last = m[plan.last_token_rows()]  # [N, D]
+        first = self.model.logits(last).argmax(-1).tolist()
+        for i, r in enumerate(reqs):
+            self._hidden[r.row], self._first[r.row] = last[i], first[i]
+
+    @torch.inference_mode()
+    def propose(self, reqs: list[SpecRequest]) -> Proposal:
+        rows = [r.row for r in reqs]
+        device = self.model.embed_tokens.weight.device
+        tail = self.layout.cache.index_tail[self.layer]
+        saved = tail[rows].clone()  # the chain advances the MTP indexer tail; undone below
+        drafts = [torch.tensor([self._first[r] for r in rows], device=device)]
+        hidden = torch.stack([self._hidden[r] for r in rows])
+        for j in range(1, self.num_steps):
+            plan = self.layout.plan(rows, [1] * len(rows), [r.committed + j - 1 for r in reqs])
+            hidden = self.model.mtp_forward(hidden, drafts[-1], plan, self.layout.cache)
+            drafts.append(self.model.logits(hidden).argmax(-1))
+        tail[rows] = saved
+        return Proposal(torch.stack(drafts, dim=1))
+
+    def release(self, reqs: list[SpecRequest]) -> None:
+        for r in reqs:
+            self._hidden.pop(r.row, None)
+            self._first.pop(r.row, None)
