@@ -3,7 +3,7 @@
 Every preset is plain data in the published layout (multimodal config, nested ``text_config``)
 so that it goes through the one reader, ``ModelConfig.from_hf``, exactly like a real checkpoint.
 
-- ``full``: the released GLM-5.3-Flash values (MODEL.md section 1), FP8 block-128 weights.
+- ``full``: the released GLM-5.3-Flash values (docs/model.md section 1), FP8 block-128 weights.
 - ``tiny``: seconds on a CPU, yet every layer family is present: KDA and DSA attention, dense and
   MoE FFNs, 4 mHC streams, the MTP layer, and an indexer top-k (16 tokens = 4 pools) small enough
   that prompts of a few dozen tokens exercise real sparse selection.
@@ -168,7 +168,7 @@ def tiny(fp8: bool = False) -> dict[str, Any]:
         kv_lora_rank=32,
         qk_nope_head_dim=16,
         v_head_dim=16,
-        # Eight indexer heads make an all-ReLU-zero score tie rare (MODEL.md section 5).
+        # Eight indexer heads make an all-ReLU-zero score tie rare (docs/model.md section 5).
         index_n_heads=8,
         index_head_dim=16,
         index_topk=16,

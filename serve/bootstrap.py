@@ -2,7 +2,7 @@
 
 sglang-router sends the same request to a prefill and a decode worker, adding ``bootstrap_host``,
 ``bootstrap_port`` (the prefill's listener) and a random 63-bit ``bootstrap_room``
-(PLATFORM.md 2.5).
+(docs/platform.md 2.5).
 The two meet here:
 
 - once per (decode, prefill) pair, decode fetches ``GET /route`` (the prefill's NIXL agent and

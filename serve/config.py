@@ -38,7 +38,7 @@ class Mode(str, Enum):
 class TransferConfig:
     """How prefill pushes cache rows to decode, and how long each side waits."""
 
-    ucx_tls: str = "tcp,self"  # UCX needs tcp even on one host (PLATFORM.md 2.4)
+    ucx_tls: str = "tcp,self"  # UCX needs tcp even on one host (docs/platform.md 2.4)
     ucx_net_devices: str = "lo"  # pinned: unpinned UCX can hang on multi-NIC hosts (ANCHORS 4.5)
     bootstrap_timeout_s: float = 60.0  # prefill waits this long for decode's room message
     transfer_timeout_s: float = 60.0  # decode waits this long for a request's cache to land

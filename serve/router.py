@@ -2,7 +2,7 @@
 
 PD mode: ``--pd-disaggregation --prefill URL BOOTSTRAP_PORT ... --decode URL ...``; mixed mode:
 ``--worker-urls URL ...``. Everything the router binds is pinned to the configured host, because it
-binds 0.0.0.0 (and its metrics 0.0.0.0:29000) unless told otherwise (PLATFORM.md 2.5).
+binds 0.0.0.0 (and its metrics 0.0.0.0:29000) unless told otherwise (docs/platform.md 2.5).
 
 This module builds argv lists and probes HTTP; starting and stopping processes is the
 supervisor's job.

@@ -283,7 +283,7 @@ def from_chat(body: ChatBody, prompt_text: str) -> GenRequest:
                            param="response_format")
     if body.top_logprobs:
         raise RequestError("top_logprobs is not supported", param="top_logprobs")
-    # sglang-router rewrites max_tokens to max_completion_tokens (PLATFORM.md 2.5)
+    # sglang-router rewrites max_tokens to max_completion_tokens (docs/platform.md 2.5)
     params = _openai_common(body, _first(body.max_completion_tokens, body.max_tokens, 128))
     return GenRequest(_rid(body.rid), prompt_text, None, params, body.stream, body.logprobs,
                       body.skip_special_tokens, body.no_stop_trim, _bootstrap(body))

@@ -7,7 +7,7 @@ addresses; the prefill worker turns "copy my rows a..b of region R into the peer
 into NIXL descriptors (consecutive rows merged into one descriptor), posts one WRITE carrying a
 notification, and polls it to completion. The decode worker sees the notification arrive.
 
-PLATFORM.md section 3.3: between two processes only WRITE (push) takes the fast path, so the
+docs/platform.md section 3.3: between two processes only WRITE (push) takes the fast path, so the
 prefill side always initiates. Section 2.4: ``add_remote_agent`` returns the peer's name as bytes
 while notifications are keyed by str, so names are decoded here once.
 
@@ -163,7 +163,7 @@ class TransferAgent:
 
     def add_peer(self, metadata: bytes) -> str:
         name = self._agent.add_remote_agent(metadata)
-        name = name.decode() if isinstance(name, bytes) else str(name)  # PLATFORM.md 2.4
+        name = name.decode() if isinstance(name, bytes) else str(name)  # docs/platform.md 2.4
         self._peers.add(name)
         return name
 

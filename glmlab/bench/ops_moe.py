@@ -59,7 +59,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
 def measure_ceilings() -> dict:
     """HBM bandwidth and the FP8 ``torch._scaled_mm`` rate, measured now (eager, do_bench).
 
-    ``hbm_copy_tbs`` counts a 2 GiB device copy's bytes read + written (PLATFORM.md's measure);
+    ``hbm_copy_tbs`` counts a 2 GiB device copy's bytes read + written (docs/platform.md's measure);
     ``hbm_read_tbs`` a 2 GiB reduction's bytes read (what weight streaming is). Not in CUDA
     graphs: a captured D2D copy becomes a copy-engine node, measured here at ~2.8 TB/s.
     """

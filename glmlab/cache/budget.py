@@ -2,7 +2,7 @@
 
 A pure function (``plan_budget``) of a frozen ``BudgetInputs``; the engine prints the result at
 start-up, ``glmlab budget`` prints it for any model, TP degree and dtypes, and notebook 01 turns
-it into a widget. Accounting (per GPU), after SGLang's pool configurator (TECHNIQUES.md 3.2):
+it into a widget. Accounting (per GPU), after SGLang's pool configurator (docs/techniques.md 3.2):
 
 1. pool bytes = ``byte_budget``, or device bytes x mem fraction - weight bytes;
 2. state slots = explicit ``state_slots``, else ``slots_per_request`` x (running + in-flight)

@@ -1,5 +1,5 @@
 """How a budget is shown (the table ``glmlab budget`` and the engine print), and the seed's two
-decode configurations as ``BudgetInputs`` (ANCHORS.md section 0, TECHNIQUES.md section 3.2).
+decode configurations as ``BudgetInputs`` (docs/reference-numbers.md section 0, docs/techniques.md section 3.2).
 
 The seed publishes its pools (per GPU, TP4 decode), not its static budget after weights and
 workspaces, so the scenarios take the sum of its pools as the byte budget; what the budget then
@@ -18,8 +18,8 @@ from glmlab.cache.storage import CacheDtypes
 from glmlab.presets import preset_config
 
 SEED_CONTEXT = 65_536 + 1_024  # 64K prompt + 1K output
-SEED_SHARED_PREFIX = 65_472  # decode benchmark: 99.9% shared prefix (TECHNIQUES.md section 3.3)
-# DFlash2's draft config is not public (TECHNIQUES.md section 9); the seed's 11.96 GiB of draft KV
+SEED_SHARED_PREFIX = 65_472  # decode benchmark: 99.9% shared prefix (docs/techniques.md section 3.3)
+# DFlash2's draft config is not public (docs/techniques.md section 9); the seed's 11.96 GiB of draft KV
 # beside 14.00 GiB of FP8 target KV (6,171 B/token at TP4) implies this many bytes per token.
 SEED_DRAFT_BYTES_PER_TOKEN = 5_272
 
@@ -88,7 +88,7 @@ def seed_final(slots_per_request: int = 3) -> BudgetInputs:
                         label=f"seed decode final, TP4, {slots_per_request} state slot(s)/request")
 
 
-# The seed's per-GPU decode memory (ANCHORS.md section 0), GiB, beside what plan_budget derives.
+# The seed's per-GPU decode memory (docs/reference-numbers.md section 0), GiB, beside what plan_budget derives.
 SEED_POOLS = {"baseline": {"target KV": 46.72, "recurrent + conv state": 1.96, "state slots": 56},
               "final": {"target KV": 14.00, "draft KV": 11.96, "recurrent + conv state": 7.37,
                         "state slots": 414}}

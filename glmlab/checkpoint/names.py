@@ -1,4 +1,4 @@
-"""The mapping between checkpoint tensor names (MODEL.md section 4) and ``GLM5Model`` parameters.
+"""The mapping between checkpoint tensor names (docs/model.md section 4) and ``GLM5Model`` parameters.
 
 Checkpoint names live under ``model.language_model.`` (``lm_head.weight`` has no prefix); the MTP
 layer is ``layers.{num_layers}``. glmlab keeps the checkpoint's names except where its layout

@@ -1,6 +1,6 @@
 """DSA layer: multi-head latent attention without RoPE over the positions a k-pool indexer picks.
 
-MLA (MODEL.md section 2.5), run in the absorbed form a server uses:
+MLA (docs/model.md section 2.5), run in the absorbed form a server uses:
   q_lat = RMSNorm(W_qa h);  q = W_qb q_lat  -> [H, Dn]
   c     = RMSNorm(W_kva h)                  -> [R], the only per-token attention state cached
   q~_h  = W_UK[h]^T q_h;  o~_h = softmax_sel(q~_h . c_j / sqrt(Dn)) c_j;  o_h = W_UV[h] o~_h

@@ -1,6 +1,6 @@
 """The GLM-5.3-Flash text model: embedding -> 4 mHC streams -> layers -> stream mean -> norm.
 
-Each decoder layer (MODEL.md section 2.3) runs two mHC sites:
+Each decoder layer (docs/model.md section 2.3) runs two mHC sites:
   pre, post, comb = mHC_attn(X);  y = Attn(RMSNorm_in(sum_i pre_i X_i));   X = post (x) y + comb^T X
   pre, post, comb = mHC_ffn(X);   y = FFN(RMSNorm_post(sum_i pre_i X_i));  X = post (x) y + comb^T X
 Attn is KDA or DSA and FFN dense or MoE, per ``ModelConfig.layer_types`` / ``ffn_types``.

@@ -1,6 +1,6 @@
 """KDA layer: Kimi delta attention with a causal short convolution and a gated output norm.
 
-Per token (MODEL.md section 2.4; H heads of K = V channels, P = H*K):
+Per token (docs/model.md section 2.4; H heads of K = V channels, P = H*K):
   q, k, v = W_q h, W_k h, W_v h                      -> short causal conv (width W) + SiLU
   q, k    = l2norm per head (q also * K^-0.5)
   g       = lower_bound * sigmoid(exp(A_log) * (W_fb W_fa h + dt_bias))   (log decay, per channel)

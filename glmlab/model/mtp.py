@@ -1,7 +1,7 @@
 """The MTP (next-n) layer stored as ``layers.{num_layers}``: one plain pre-norm DSA + MoE block.
 
 For position t it combines the target model's final normalised hidden state h_t with the embedding
-of token t+1 and predicts token t+2 through the shared lm_head (MODEL.md section 2.8):
+of token t+1 and predicts token t+2 through the shared lm_head (docs/model.md section 2.8):
 
   x = eh_proj([RMSNorm_e(embed(tok_{t+1})) ; RMSNorm_h(h_t)])
   x = x + DSA(RMSNorm_in(x));  x = x + MoE(RMSNorm_post(x))

@@ -1,6 +1,6 @@
 """DFlash2 block drafting: a small non-causal draft model fed with the target's own features.
 
-Draft model (TECHNIQUES.md section 1.1): N Qwen3-style pre-norm decoder layers (attention with
+Draft model (docs/techniques.md section 1.1): N Qwen3-style pre-norm decoder layers (attention with
 per-head q/k RMSNorm and neox RoPE, then a SwiGLU MLP) and a final norm. It has no embedding or
 lm_head: it borrows the target's.
 

@@ -2,7 +2,7 @@
 
 A verify forward runs each request's KDA recurrence over its D = S + 1 window tokens, but only the
 first ``commit_len`` (1..D) of them are accepted. Two ways to end the cycle with exactly the state
-after ``commit_len`` steps (TECHNIQUES.md section 2):
+after ``commit_len`` steps (docs/techniques.md section 2):
 
 - ``SNAPSHOT`` (sglang's baseline): the verify recurrence stores the post-step state after every
   step, ``[slots, D, H, K, V]`` per KDA layer, and the commit copies entry ``commit_len - 1``.

@@ -1,7 +1,7 @@
 """DFlash2's candidate selector: pick a coherent chain from per-slot candidate lists.
 
 A DFlash block forward predicts every slot independently. The selector re-ranks the target head's
-top-K candidates per slot with a low-rank *edge* score between consecutive slots (TECHNIQUES.md
+top-K candidates per slot with a low-rank *edge* score between consecutive slots (docs/techniques.md
 section 1.1):
 
     unary[e, c]    = target-head logit of candidate c at slot e

@@ -10,7 +10,7 @@ Two kernels, the same maths as ``ref.indexer_scores_fp8_ref`` + ``ref.select_ref
    threshold (32 bisection steps over the order-preserving integer image of the fp32 scores, so no
    sort), compacted in pool order, expanded to their ``kpool`` token positions, then the visible
    tail (the (t+1) mod kpool newest tokens). Ties at the threshold go to the lower pool id;
-   ``torch.topk`` breaks them its own way (MODEL.md section 5), so compare selections as sets.
+   ``torch.topk`` breaks them its own way (docs/model.md section 5), so compare selections as sets.
 
 Output order differs from ``select_ref`` (pool order, not score order); attention does not care.
 What this module does not know: where pooled keys live in the cache, or the attention that follows.

@@ -2,7 +2,7 @@
 
 The cache (``glmlab.cache``) stores rows in one of these layouts and the sparse-MLA kernels read
 them; both import this module, so a writer and a reader can never disagree on a byte offset
-(TECHNIQUES.md section 4.4, MODEL.md section 3):
+(docs/techniques.md section 4.4, docs/model.md section 3):
 
 | format       | bytes per token (R = 512)           | storage tensor                      |
 |--------------|-------------------------------------|-------------------------------------|

@@ -3,7 +3,7 @@
 Shapes (kernels/README.md): T query tokens, L context tokens, P pools, HI indexer heads,
 DI indexer head dim, H attention heads, R latent rank (kv_lora_rank), W index-list width.
 
-Indexer (MODEL.md section 2.5): pool p covers positions 4p..4p+3 (counted from position 0); its key
+Indexer (docs/model.md section 2.5): pool p covers positions 4p..4p+3 (counted from position 0); its key
 is a per-channel softmax-weighted mean of its tokens' keys. A query at position t scores every
 complete pool whose last token is <= t, keeps the best ``topk_pools``, expands them to token
 positions and appends the incomplete tail (t+1 mod kpool most recent positions). Index lists are
@@ -100,7 +100,7 @@ def sparse_mla_ref(q: torch.Tensor, kv_rows: torch.Tensor, valid: torch.Tensor,
 
 
 # ---------------------------------------------------------------------------------------------
-# FP8 pooled keys (sglang stores one e4m3 key + one fp32 scale per pool; MODEL.md section 2.5)
+# FP8 pooled keys (sglang stores one e4m3 key + one fp32 scale per pool; docs/model.md section 2.5)
 POOL_KEY_FP8_MAX = 448.0
 
 

@@ -3,7 +3,7 @@
 The interpreter of Triton 3.7 converts floats bit by bit in ``_convert_float``: fp32 -> bf16
 truncates (about half the values come out one ulp low) and fp32 -> e4m3 ORs the rounding carry
 into the wrong place (values that round up into the next binade come out halved, 7.88 -> 4.0;
-PLATFORM.md section 2.1). On the GPU the same ``.to()`` is ``cvt.rn.bf16.f32`` and
+docs/platform.md section 2.1). On the GPU the same ``.to()`` is ``cvt.rn.bf16.f32`` and
 ``cvt.rn.satfinite.e4m3x2.f32``: round to nearest even, e4m3 saturating at +-448.
 
 ``install()`` wraps ``_convert_float`` so those two downcasts round like the hardware (torch's own

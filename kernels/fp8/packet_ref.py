@@ -1,7 +1,7 @@
 """Torch references for the FP8 MoE activation packet: one fixed-size record per token.
 
 Under context parallelism each rank routes and quantises its own token shard, then a single
-all-gather moves one packet per token instead of its BF16 hidden state (TECHNIQUES.md section 6).
+all-gather moves one packet per token instead of its BF16 hidden state (docs/techniques.md section 6).
 
 Shapes (kernels/README.md): T tokens, D hidden, A active experts per token, G = ceil(D/128)
 scale groups, M grouped rows (token-expert pairs routed to this rank's experts).

@@ -3,7 +3,7 @@
 Both kernels move 4-byte words only: FP8 values, fp32 scales and weights travel as int32
 bit-views. No float8 value is ever converted inside a kernel, so the kernels are bitwise equal to
 the reference on the GPU and under the CPU interpreter alike (whose fp32 -> e4m3 cast is
-approximate, PLATFORM.md section 2.1).
+approximate, docs/platform.md section 2.1).
 
 - ``pack_triton``: one program per token writes its whole packet (values, scales, weights, ids,
   zero padding) in one pass.

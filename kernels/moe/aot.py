@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the MoE Triton kernels for Hopper (sm_90) without a GPU.
 
 CPU machines run the kernels only under the interpreter, which skips the real compiler. This
-module drives ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (PLATFORM.md section 2.1), so CI
+module drives ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (docs/platform.md section 2.1), so CI
 can check that every kernel and every config of a search space compiles for H200, uses ``wgmma``
 for the FP8 dots and fits in shared memory, without a device. It works whether or not
 ``TRITON_INTERPRET`` is set (it recompiles from the Python source). It knows nothing about tuning.

@@ -11,7 +11,7 @@ Block-FP8: B (weights, [E, N, K] E4M3) has one scale per 128 x 128 block, A one 
 128 K-channels; each BLOCK_K step does an fp8 dot into fp32 and adds it scaled by
 ``a_scale[row] * b_scale[col]`` (BLOCK_K must divide the 128 K-group so a step sees one scale).
 Plain weights (bf16/fp16/fp32) use the same tiling with one fp32 accumulator. Under the CPU
-interpreter dots run in fp32 (its bf16 dot is wrong, PLATFORM.md section 2.1).
+interpreter dots run in fp32 (its bf16 dot is wrong, docs/platform.md section 2.1).
 
 Tiles come from a ``KernelConfig`` (configs.py); the kernel knows nothing about how it was chosen.
 """

@@ -3,7 +3,7 @@
 Shapes (kernels/README.md): T tokens, D hidden, I expert intermediate, E experts, A active experts
 per token.
 
-Routing (MODEL.md section 2.6): fp32 sigmoid scores; the correction bias steers *selection only*;
+Routing (docs/model.md section 2.6): fp32 sigmoid scores; the correction bias steers *selection only*;
 the chosen scores are renormalised and multiplied by the routed scaling factor (2.5).
 """
 

@@ -26,7 +26,7 @@ def test_full_fp8_bytes_per_token_match_the_seed_layout():
     cache = ModelCache(cfg, 64, 1, dtypes=dt, device="meta", with_mtp=False)
     assert cache.latent[cfg.dsa_layers[0]].shape[1] == FP8_SCALED_512.bytes_per_token == 528
     assert cache.index_bytes_per_token() == 11 * (128 + 4) / 4  # 33 B per token per layer
-    assert cache.bytes_per_token() == 11 * 561 == 6171  # MODEL.md section 3
+    assert cache.bytes_per_token() == 11 * 561 == 6171  # docs/model.md section 3
     spec = CacheSpec.of(cfg, dt, tp=4)
     assert spec.kv_bytes_per_token == 6171  # latent and keys are not sharded by TP
     assert spec.kda_state_bytes_per_slot == 34 * (16 * 128 * 128 * 4 + 3 * 3 * 2048 * 2)

@@ -1,4 +1,4 @@
-"""Full-scale counts printed by code equal MODEL.md (sections 1 and 3)."""
+"""Full-scale counts printed by code equal docs/model.md (sections 1 and 3)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_full_state_bytes_per_request():
     )
     per_layer_tail = 4 * 2 * 128 * 2  # index tail: kpool rows of (key, gate) in bf16
     kda = 34 * (64 * 128 * 128 * 4 + 3 * 3 * 8192 * 2)
-    assert kda == 147_619_840  # MODEL.md: 140.8 MiB
+    assert kda == 147_619_840  # docs/model.md: 140.8 MiB
     assert fp32.state_bytes_per_slot() == kda + 11 * per_layer_tail
     bf16 = ModelCache(
         cfg, 64, 1, dtypes=CacheDtypes(recurrent=torch.bfloat16), device="meta", with_mtp=False

@@ -1,4 +1,4 @@
-"""The MTP layer (layers.{L}) against a direct computation from MODEL.md section 2.8.
+"""The MTP layer (layers.{L}) against a direct computation from docs/model.md section 2.8.
 
 transformers does not implement MTP, so the oracle here is the formula itself, written with raw
 tensors read straight from the safetensors file (none of glmlab's module code is reused):

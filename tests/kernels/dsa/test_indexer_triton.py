@@ -92,7 +92,7 @@ print("wgmma" if "wgmma.mma_async" in scores.asm["ptx"] else "no-wgmma",
 
 
 def test_compiles_for_sm90_with_wgmma():
-    """Ahead-of-time compile for Hopper without a GPU (PLATFORM.md section 2.1), in a process
+    """Ahead-of-time compile for Hopper without a GPU (docs/platform.md section 2.1), in a process
     without the interpreter switch: the 64-row score dot lowers to wgmma."""
     import os
     import subprocess

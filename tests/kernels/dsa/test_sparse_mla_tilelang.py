@@ -1,7 +1,7 @@
 """TileLang sparse MLA (Partial + Combine) vs the torch references.
 
 CPU: the kernels lower for sm_90a (64-head tiles to wgmma, 16-head tiles to mma.sync) and nvcc
-builds a cubin, without a GPU (PLATFORM.md section 2.2). GPU: every layout, both tile widths and
+builds a cubin, without a GPU (docs/platform.md section 2.2). GPU: every layout, both tile widths and
 both head groupings against ``sparse_mla_ref`` on the dequantised rows, stage by stage too.
 """
 

@@ -1,4 +1,4 @@
-"""Let fla's Triton KDA kernels run under the Triton interpreter on CPU (PLATFORM.md section 2.3).
+"""Let fla's Triton KDA kernels run under the Triton interpreter on CPU (docs/platform.md section 2.3).
 
 Three shims, applied only when there is no GPU: autotuning measures nothing (one config is taken),
 plain-int loop indices gain the ``.to()`` fla calls on them, and fla's TileLang dispatch is off.
