@@ -205,7 +205,7 @@ class DecodeWorker(PDWorker):
             await self._fail_later(r, f"cannot send the room message: {e}", free=True)
 
     def _expected_bytes(self, msg: RoomMessage) -> int:
-        copies = row_copies(self.tensors, self.eng.page_size, self.eng.kpool,
+        copies = row_copies(self.regions, self.eng.page_size, self.eng.kpool,
                             list(range(self.eng.pages_for(msg.prompt_len))), 0, 0, msg)
         return sum(c.count * self.agent.regions[c.region].row_bytes for c in copies)
 

@@ -35,7 +35,7 @@ from glmlab.serve.bootstrap import (
     bootstrap_app,
 )
 from glmlab.serve.config import WorkerConfig
-from glmlab.serve.kvplan import AUX, cache_tensors, new_aux, row_copies
+from glmlab.serve.kvplan import AUX, checked_regions, new_aux, row_copies
 from glmlab.serve.schemas import GenRequest
 from glmlab.serve.transfer import PendingWrite, TransferAgent, TransferError, WriteState
 from glmlab.serve.worker import Worker
@@ -63,10 +63,10 @@ class PDWorker(Worker):
 
     def __init__(self, wc: WorkerConfig, adapter: EngineAdapter):
         storage = adapter.storage
-        self.tensors = cache_tensors(storage)
+        self.regions = checked_regions(storage.regions())
         self.aux = new_aux(storage.num_state_slots, storage.device)
         name = f"glmlab-{wc.spec.role.value}-{wc.spec.host}-{wc.spec.port}-{time.time_ns()}"
-        self.agent = TransferAgent(name, {**{n: t for n, (t, _) in self.tensors.items()},
+        self.agent = TransferAgent(name, {**{n: t for n, (t, _) in self.regions.items()},
                                           AUX: self.aux})
         super().__init__(wc, adapter)
 
@@ -150,7 +150,7 @@ class PrefillWorker(PDWorker):
             self.aux[lease.state_slot] = self.aux.new_tensor(
                 [first, lp if lp is not None else float("nan"), lease.prefix_len,
                  p.msg.prompt_len])
-            copies = row_copies(self.tensors, self.eng.page_size, self.eng.kpool, lease.pages,
+            copies = row_copies(self.regions, self.eng.page_size, self.eng.kpool, lease.pages,
                                 lease.state_slot, lease.state_slot, p.msg)
             p.first = (first, lp, lease.prefix_len)
             if self.aux.is_cuda:  # NIXL reads GPU memory outside torch's stream order

@@ -3,35 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 
 from glmlab.bench.client import run_load
 from glmlab.bench.workloads import BenchRequest
 from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.cli import main as glmlab_main
-from glmlab.config import ModelConfig
-from tests.serve.conftest import ENGINE, PAGE, http, sse_events
+from tests.serve.conftest import PAGE, cli_generate, generate, http, sse_events, transfer_bytes
 
 PROMPT = [(i * 37 + 11) % 250 for i in range(70)]  # 70 tokens: 5 pages of 16
-
-
-def generate(url: str, ids: list[int], n: int, **extra) -> dict:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0,
-                                                  "ignore_eos": True}, **extra}
-    status, out = http(f"{url}/generate", body)
-    assert status == 200, out
-    return out
-
-
-def cli_generate(ids: list[int], n: int) -> list[int]:
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert glmlab_main(["generate", "--model", "tiny", "--prompt-ids",
-                            ",".join(map(str, ids)), "--max-new-tokens", str(n),
-                            "--ignore-eos", "--json", "--page-size", str(ENGINE["page_size"])]) == 0
-    return json.loads(buf.getvalue().strip().splitlines()[-1])["output_ids"]
 
 
 def test_pd_greedy_tokens_match_mixed_and_glmlab_generate(pd, mixed):
@@ -47,20 +27,8 @@ def test_pd_greedy_tokens_match_mixed_and_glmlab_generate(pd, mixed):
     assert all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(pd_lp, mixed_lp, strict=True))
 
 
-def _page_bytes_and_state_bytes() -> tuple[int, int]:
-    """From the model config alone: fp32 cache rows of the tiny model per page, per request."""
-    cfg = ModelConfig.from_hf(preset_checkpoint("tiny"))
-    d, k = cfg.dsa, cfg.kda
-    dsa_layers = len(cfg.dsa_layers) + (cfg.mtp_layer is not None)
-    per_token = dsa_layers * (d.kv_lora_rank * 4 + d.index_head_dim * 4 // d.index_kpool)
-    state = dsa_layers * d.index_kpool * 2 * d.index_head_dim * 4
-    state += len(cfg.kda_layers) * (k.conv_channels * (k.conv_kernel - 1)
-                                    + k.num_heads * k.head_dim * k.head_dim) * 4
-    return per_token * PAGE, state + 4 * 8  # + the aux row (4 float64)
-
-
 def test_shared_prefix_transfers_only_missing_pages(pd):
-    page_bytes, fixed = _page_bytes_and_state_bytes()
+    page_bytes, fixed = transfer_bytes()
     decode_url = pd.worker("decode0").url
     prefill_url = pd.worker("prefill0").url
     sent0 = http(f"{prefill_url}/server_info")[1]["internal_states"][0]["transfer_bytes_sent"]
