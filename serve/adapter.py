@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from glmlab.checkpoint.loader import load_model
-from glmlab.engine.config import ComputeDtype, EngineConfig, RadixMode
+from glmlab.engine.config import ComputeDtype
 from glmlab.engine.engine import Engine
 from glmlab.engine.sampler import SamplingParams
 from glmlab.engine.types import CacheTarget, FinishReason, StepOutput
 from glmlab.serve.backend import Finish
-from glmlab.serve.config import Role, WorkerConfig
+from glmlab.serve.config import WorkerConfig, engine_config
 from glmlab.tokenizer import Tokenizer
 
 Lease = CacheTarget  # where a request's cache content lives: pages, prefix_len, state_slot
@@ -57,16 +57,6 @@ class LogprobEngine(Engine):
         return tokens
 
 
-# roles -> the radix mode that makes sense for them (kv_only on decode: the seed's cache)
-DEFAULT_RADIX = {Role.MIXED: RadixMode.KV_AND_STATE, Role.PREFILL: RadixMode.KV_AND_STATE,
-                 Role.DECODE: RadixMode.KV_ONLY}
-
-
-def engine_config(wc: WorkerConfig) -> EngineConfig:
-    options = {"radix": DEFAULT_RADIX[wc.spec.role], "print_budget": False, **wc.engine}
-    return EngineConfig(**{**options, "device": wc.spec.device})
-
-
 class EngineAdapter:
     def __init__(self, engine: LogprobEngine):
         self.engine = engine
@@ -79,11 +69,12 @@ class EngineAdapter:
 
     @classmethod
     def load(cls, wc: WorkerConfig) -> EngineAdapter:
-        cfg = engine_config(wc)
+        cfg = engine_config(wc.spec.role, wc.engine, wc.spec.device)
         tok = Tokenizer.from_dir(wc.model_dir)
         dtype = {ComputeDtype.BF16: torch.bfloat16, ComputeDtype.FP32: torch.float32}.get(
             cfg.dtype, torch.float32 if wc.spec.device == "cpu" else torch.bfloat16)
         model = load_model(Path(wc.model_dir), dtype=dtype, device=wc.spec.device)
+        model.use_backends(cfg.backends)
         return cls(LogprobEngine(model, cfg, detokenize=tok.decode,
                                  eos_token_ids=tok.eos_token_ids or model.cfg.eos_token_ids))
 

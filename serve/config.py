@@ -2,8 +2,9 @@
 
 ``ServeConfig`` is what ``glmlab serve`` parses (flags generated from its fields); ``layout()``
 turns it into one ``InstanceSpec`` per worker process. ``WorkerConfig`` is what one worker reads.
-Engine knobs are not repeated here: each role gets its own engine options (``--prefill-*`` and
-``--decode-*`` flags, generated from the engine's config dataclass by the command).
+Engine knobs are not repeated here: each worker gets its role's engine options as a dict of
+``EngineConfig`` fields (flags generated from that dataclass by the command); ``engine_config``
+turns them, with the role's defaults and the instance's device, into the engine's config.
 
 The seed's layouts, for reference (ports as in its launch commands):
 - 1P1D on one node: ``--num-prefill 1 --num-decode 1`` (the default).
@@ -17,8 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 from enum import Enum
+
+from glmlab.engine.config import EngineConfig, RadixMode
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -180,3 +184,23 @@ class WorkerConfig:
         spec = d.pop("spec")
         spec["role"] = Role(spec["role"])
         return cls(spec=InstanceSpec(**spec), transfer=TransferConfig(**d.pop("transfer")), **d)
+
+
+# role -> the radix mode that makes sense for it (kv_only on decode: the seed's cache)
+DEFAULT_RADIX = {Role.MIXED: RadixMode.KV_AND_STATE, Role.PREFILL: RadixMode.KV_AND_STATE,
+                 Role.DECODE: RadixMode.KV_ONLY}
+
+
+def engine_config(role: Role, options: dict, device: str) -> EngineConfig:
+    """The engine config of one worker: the role's defaults, then ``options`` (field name ->
+    JSON value, sub-configs as dicts of their fields), on ``device``."""
+    hints = typing.get_type_hints(EngineConfig)
+    values = {"radix": DEFAULT_RADIX[role], "print_budget": False, **options, "device": device}
+    for name, value in values.items():
+        if name not in hints:
+            raise ValueError(f"{name!r} is not an engine option (EngineConfig has no such field)")
+        sub = next((a for a in (hints[name], *typing.get_args(hints[name]))
+                    if dataclasses.is_dataclass(a)), None)
+        if sub is not None and isinstance(value, dict):
+            values[name] = sub(**value)
+    return EngineConfig(**values)

@@ -2,8 +2,11 @@
 
 With no arguments: the tiny checkpoint (written once into the cache directory), one prefill and
 one decode worker on the CPU, NIXL over UCX TCP between them, sglang-router on 127.0.0.1:30000.
-Flags are generated from ``ServeConfig`` and ``TransferConfig`` (``--transfer-*``) and, per role,
-from the engine's config (``--prefill-*``, ``--decode-*``; mixed workers read the decode set).
+Flags are generated from ``ServeConfig``, ``TransferConfig`` (``--transfer-*``) and the engine's
+``EngineConfig``: every engine knob once for all workers (``--kv-dtype fp8``,
+``--backends-kda fla``, ``--speculative-algorithm mtp``, ...) and again per role to override it
+(``--prefill-*``, ``--decode-*``; mixed workers read the decode set). Devices are per instance
+(``--prefill-devices``, ``--decode-devices``). Each worker shows what it runs in ``/server_info``.
 """
 
 from __future__ import annotations
@@ -11,42 +14,87 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import typing
+from enum import Enum
 from pathlib import Path
 
 from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.engine.config import EngineConfig
-from glmlab.serve.config import Mode, Role, ServeConfig, TransferConfig
+from glmlab.extras import import_optional
+from glmlab.serve.config import Mode, Role, ServeConfig, TransferConfig, engine_config
 from glmlab.serve.supervisor import Service
 
 HELP = ("serve a checkpoint (default: the tiny preset) as 1P1D behind sglang-router on "
         "127.0.0.1:30000, with NIXL transfers; SGLang /generate and OpenAI /v1 APIs")
 
-# engine fields that the service sets itself (device per instance) or does not offer yet: workers
-# run the torch ops, and PD decode does not speculate (draft state is not shipped over NIXL)
-_ENGINE_EXCLUDE = ("device", "backends", "print_budget", "speculative")
+ROLES = ("prefill", "decode")
+_SERVE_FIELDS = {f.name for f in dataclasses.fields(ServeConfig)}
+# the service sets these itself: the device of each instance, and quiet workers. A field whose flag
+# would collide with a ServeConfig flag (``--prefill-tp-size``) belongs to the layout, not here.
+ENGINE_EXCLUDE = ("device", "print_budget") + tuple(
+    f.name for f in dataclasses.fields(EngineConfig)
+    if f.name in _SERVE_FIELDS or any(f"{r}_{f.name}" in _SERVE_FIELDS for r in ROLES))
+
+
+def _engine_dests(prefix: str) -> list[str]:
+    """The argparse destinations of the engine flags under ``prefix`` (what cliargs generates)."""
+    probe = argparse.ArgumentParser(add_help=False)
+    add_dataclass_args(probe, EngineConfig, prefix=prefix, exclude=ENGINE_EXCLUDE)
+    return list(vars(probe.parse_args([])))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dataclass_args(p, ServeConfig, exclude=("transfer",))
     add_dataclass_args(p, TransferConfig, prefix="transfer-")
-    for role in ("prefill", "decode"):
-        add_dataclass_args(p, EngineConfig, prefix=f"{role}-", exclude=_ENGINE_EXCLUDE)
+    for prefix in ("", *(f"{r}-" for r in ROLES)):
+        add_dataclass_args(p, EngineConfig, prefix=prefix, exclude=ENGINE_EXCLUDE)
+        # None = not given: a role flag overrides the shared one, which overrides the default
+        p.set_defaults(**dict.fromkeys(_engine_dests(prefix)))
+
+
+def _nested_fields() -> dict[str, set[str]]:
+    """EngineConfig fields that are sub-configs (backends, speculative) -> their field names."""
+    hints = typing.get_type_hints(EngineConfig)
+    out = {}
+    for f in dataclasses.fields(EngineConfig):
+        tp = next((a for a in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(a)),
+                  hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            out[f.name] = {g.name for g in dataclasses.fields(tp)}
+    return out
 
 
 def engine_options(args: argparse.Namespace, role: str) -> dict:
-    """The role's engine flags that differ from EngineConfig's defaults, as plain JSON values."""
-    out, defaults = {}, EngineConfig()
-    for f in dataclasses.fields(EngineConfig):
-        dest = f"{role}_{f.name}"
-        if f.name in _ENGINE_EXCLUDE or not hasattr(args, dest):
+    """The engine options given for ``role`` (its own flag, else the shared one), by field name
+    and as plain JSON values; sub-configs as dicts of their given fields."""
+    nested, out = _nested_fields(), {}
+    for dest in _engine_dests(""):
+        value = getattr(args, f"{role}_{dest}", None)
+        if value is None:
+            value = getattr(args, dest, None)
+        if value is None:
             continue
-        value, default = getattr(args, dest), getattr(defaults, f.name)
-        default = getattr(default, "value", default)
-        if value != default:
-            out[f.name] = value
-    EngineConfig(**out)  # a bad value fails here, before any process starts
+        value = value.value if isinstance(value, Enum) else value
+        head = next((n for n in nested if dest.startswith(n + "_")
+                     and dest[len(n) + 1:] in nested[n]), None)
+        if head is None:
+            out[dest] = value
+        else:
+            out.setdefault(head, {})[dest[len(head) + 1:]] = value
     return out
+
+
+def check_options(cfg: ServeConfig, options: dict[Role, dict]) -> None:
+    """Every role's engine config builds (a bad value fails before any process starts), and no
+    role is asked for what it cannot do."""
+    roles = (Role.MIXED,) if cfg.mode is Mode.MIXED else (Role.PREFILL, Role.DECODE)
+    for role in roles:
+        ec = engine_config(role, options.get(role, {}), "cpu")
+        if ec.speculative is not None and role is not Role.MIXED:
+            raise ValueError(f"speculative decoding on the {role.value} role: a PD decode worker "
+                             "continues imported requests whose drafter state prefill does not "
+                             "send yet, so they would decode plainly; serve with --mode mixed")
 
 
 def how_to_query(svc: Service) -> str:
@@ -65,6 +113,7 @@ def how_to_query(svc: Service) -> str:
               f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{gen}'",
               f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
               f"-d '{chat}'",
+              f"  curl -s {cfg.launched_here()[0].url}/server_info   (what a worker runs)",
               f"  glmlab bench --port {cfg.port} --dataset-name generated-shared-prefix "
               f"--gsp-prompts-per-group 16 --max-concurrency 8",
               f"Logs: {svc.log_dir}   Ctrl-C stops the service."]
@@ -81,10 +130,13 @@ def build_service(args: argparse.Namespace, quiet: bool = False) -> Service:
     options = {Role.PREFILL: engine_options(args, "prefill"),
                Role.DECODE: engine_options(args, "decode")}
     options[Role.MIXED] = options[Role.DECODE]
+    check_options(cfg, options)
     return Service(cfg, model_dir, name, options, quiet=quiet)
 
 
 def run(args: argparse.Namespace) -> int:
+    for package in ("fastapi", "uvicorn", "httpx", "prometheus_client", "sglang_router"):
+        import_optional(package)  # workers are subprocesses: say what to install before they start
     svc = build_service(args)
     svc.start()
     print(how_to_query(svc), flush=True)

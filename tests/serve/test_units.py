@@ -8,7 +8,10 @@ from glmlab.bench.client import RequestResult
 from glmlab.bench.metrics import meets_slo, summarize
 from glmlab.bench.workloads import shared_prefix_requests
 from glmlab.checkpoint.presets_dir import preset_checkpoint
-from glmlab.serve.config import Mode, Role, ServeConfig, WorkerConfig
+from glmlab.cli import build_parser
+from glmlab.commands.serve import build_service, engine_options
+from glmlab.engine.config import RadixMode
+from glmlab.serve.config import Mode, Role, ServeConfig, WorkerConfig, engine_config
 from glmlab.serve.router import router_argv
 from glmlab.serve.schemas import (
     GenerateBody,
@@ -114,3 +117,39 @@ def test_shared_prefix_workload_and_metrics():
     assert not meets_slo(s, 1000, 1000)
     s = summarize(ok, 1.0)
     assert meets_slo(s, 250, 100) and not meets_slo(s, 150, 100)
+
+
+def _serve_args(*flags: str):
+    return build_parser().parse_args(["serve", *flags])
+
+
+def test_engine_flags_reach_each_role_with_per_role_overrides():
+    args = _serve_args("--kv-dtype", "fp8", "--decode-kv-dtype", "auto", "--backends-kda", "fla",
+                       "--prefill-backends-moe", "triton", "--page-size", "16",
+                       "--no-chunked-prefill", "--prefill-chunked-prefill")
+    prefill, decode = engine_options(args, "prefill"), engine_options(args, "decode")
+    assert prefill == {"page_size": 16, "chunked_prefill": True, "kv_dtype": "fp8",
+                       "backends": {"kda": "fla", "moe": "triton"}}
+    assert decode == {"page_size": 16, "chunked_prefill": False, "kv_dtype": "auto",
+                      "backends": {"kda": "fla"}}
+    p = engine_config(Role.PREFILL, prefill, "cpu")
+    d = engine_config(Role.DECODE, decode, "cuda:1")
+    assert (p.kv_dtype.value, d.kv_dtype.value, d.device) == ("fp8", "auto", "cuda:1")
+    assert (p.backends.kda, p.backends.moe, d.backends.moe) == ("fla", "triton", "torch")
+    # a role's radix default unless a flag says otherwise
+    assert (p.radix, d.radix) == (RadixMode.KV_AND_STATE, RadixMode.KV_ONLY)
+    assert engine_options(_serve_args(), "decode") == {}  # no flag: every default
+
+
+def test_speculative_flags_reach_mixed_workers_and_are_refused_on_pd_roles():
+    svc = build_service(_serve_args("--mode", "mixed", "--speculative-algorithm", "mtp",
+                                    "--speculative-num-steps", "3"), quiet=True)
+    options = svc.engine_options[Role.MIXED]
+    assert options["speculative"] == {"algorithm": "mtp", "num_steps": 3}
+    assert engine_config(Role.MIXED, options, "cpu").speculative.width == 4
+    with pytest.raises(ValueError, match="drafter state"):
+        build_service(_serve_args("--decode-speculative-algorithm", "mtp"), quiet=True)
+    with pytest.raises(ValueError, match="page_size"):  # checked before any process starts
+        build_service(_serve_args("--prefill-page-size", "0"), quiet=True)
+    with pytest.raises(ValueError, match="not an engine option"):
+        engine_config(Role.MIXED, {"kv_dtyp": "fp8"}, "cpu")
