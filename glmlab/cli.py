@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from glmlab.extras import missing_extra
+
 COMMANDS = {
     "init-checkpoint": "glmlab.commands.init_checkpoint",
     "generate": "glmlab.commands.generate",
@@ -16,13 +18,25 @@ COMMANDS = {
     "budget": "glmlab.commands.budget",
     "dist": "glmlab.distributed.cli",
 }
+# Commands whose module could not be imported for a missing extra: name -> the error to show.
+MISSING: dict[str, Exception] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glmlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
-        mod = importlib.import_module(module)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            # A command whose module needs an extra stays listed and says what to install, so the
+            # base install's other commands still work.
+            err = missing_extra(e, needed_by=f"glmlab {name}")
+            if err is None:
+                raise
+            sub.add_parser(name, help=f"(not installed: {err})")
+            MISSING[name] = err
+            continue
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
         p.set_defaults(_run=mod.run)
@@ -30,11 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if argv and argv[0] in MISSING:  # before parsing: its flags are unknown without its module
+        print(f"glmlab {argv[0]}: error: {MISSING[argv[0]]}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError) as e:
         print(f"glmlab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        err = missing_extra(e)
+        if err is None:
+            raise
+        print(f"glmlab {args.command}: error: {err}", file=sys.stderr)
         return 2
 
 

@@ -17,9 +17,10 @@ Op signatures (shape letters as in kernels/README.md):
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+
+from glmlab.extras import import_optional
 
 
 class Registry:
@@ -37,7 +38,7 @@ class Registry:
         impl = self._impls[name]
         if isinstance(impl, str):
             module, _, attr = impl.partition(":")
-            impl = getattr(importlib.import_module(module), attr)
+            impl = getattr(import_optional(module), attr)  # missing extra -> pip hint
             self._impls[name] = impl
         return impl
 
