@@ -46,3 +46,20 @@ def quant_act_fp8(x: torch.Tensor, group: int = 128) -> tuple[torch.Tensor, torc
     scale = xp.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
     q = (xp / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8).flatten(1)[:, :k]
     return q.contiguous(), scale
+
+
+def linear_fp8_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                   block: tuple[int, int] = (128, 128),
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    """What the block-FP8 GEMM computes: x quantised per token per 128 channels, both operands
+    dequantised to fp32, one fp32 product, rounded to x.dtype; ``residual`` added after rounding.
+
+    Args:
+        x: [M, K] float activations.  weight: [N, K] E4M3.  weight_scale: [N/bn, K/128] fp32.
+    Returns:
+        [M, N] in x.dtype.
+    """
+    xq, xs = quant_act_fp8(x, block[1])
+    a = dequant_block_fp8(xq, xs, torch.float32, (1, block[1]))
+    y = (a @ dequant_block_fp8(weight, weight_scale, torch.float32, block).t()).to(x.dtype)
+    return y if residual is None else (y.float() + residual.float()).to(x.dtype)

@@ -1,0 +1,102 @@
+"""Tile configs of the block-FP8 dense GEMM (``gemm_triton.linear_fp8``) and the rule picking one.
+
+``choose_config(M, N, K)`` is a pure function of the problem shape (and the SM count), so it is
+unit-tested on the CPU and printed beside benchmark rows. The rule, and why:
+
+- **Small M (M <= 64: decode, verify of a few requests).** The GEMM is a weight stream: N x K bytes
+  of E4M3 must cross HBM once while the activations sit in L2. The kernel runs *swap-AB*
+  (C^T = W X^T): weight rows are the dot's M side (64 or 128 rows, so Hopper's wgmma applies,
+  which needs M >= 64), tokens are its N side (padded to 16..64). Each program streams a
+  ``block_n x K / split_k`` slab of the weight exactly once; ``split_k`` is chosen so that the
+  grid holds at least two waves of programs on every SM (an SM needs ~64 KB in flight to keep
+  HBM busy; four 16 KB stages per program, two programs per SM). Activations are quantised in
+  the prologue (``fuse_quant``): a token's 128-channel group is re-quantised by every weight
+  slab that reads it, which costs nothing next to the weight bytes at this M.
+- **Larger M (prefill chunks, big verify batches).** Classic output tiles (64 or 128 rows x 128
+  columns, 128-deep K steps); split-K only when the tile count leaves SMs idle and K is long.
+  Above 128 rows the activations are quantised once by a separate kernel (re-quantising them in
+  every column block would cost as much CUDA-core time as the FP8 dot saves).
+
+``block_k`` is always the 128-channel scale group: one activation scale and one weight scale per
+K step, applied to the step's fp32 partial product.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+H200_SMS = 132
+GROUP = 128  # the block-FP8 scale group along K (and the weights' row-block along N)
+SMALL_M = 64  # at or below: swap-AB weight streaming
+FUSED_QUANT_MAX_M = 128  # at or below: activations quantised inside the GEMM
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int  # activation rows per program (tokens; the dot's N side when swap_ab)
+    block_n: int  # weight rows per program
+    split_k: int  # programs sharing one output tile along K (partials reduced in fixed order)
+    swap_ab: bool
+    fuse_quant: bool  # quantise the activations in the prologue (else the caller passes fp8 A)
+    num_warps: int = 4
+    num_stages: int = 4
+    block_k: int = GROUP
+
+    def __post_init__(self):
+        if self.block_k != GROUP:
+            raise ValueError(f"block_k must be the FP8 scale group {GROUP}, got {self.block_k}")
+        if self.block_m < 16 or self.block_n < 16 or self.split_k < 1:
+            raise ValueError(f"bad tile {self}")
+
+    def short(self) -> str:
+        kind = "swap" if self.swap_ab else "tile"
+        q = "q" if self.fuse_quant else ""
+        return (f"{kind}{q}M{self.block_m}N{self.block_n}S{self.split_k}"
+                f"w{self.num_warps}s{self.num_stages}")
+
+    def smem_bytes(self, act_bytes: int) -> int:
+        """Shared memory of the pipelined tiles: E4M3 weights + activations as loaded."""
+        a = act_bytes if self.fuse_quant else 1
+        return self.num_stages * (self.block_n + self.block_m * a) * self.block_k
+
+
+def _pow2_at_least(x: int, lo: int) -> int:
+    p = lo
+    while p < x:
+        p *= 2
+    return p
+
+
+def _split(tiles: int, m: int, k: int, num_sms: int, min_blocks_per_split: int) -> int:
+    """Smallest power-of-two split that gives >= 2 programs per SM, keeping each split's K long
+    enough to pipeline (``min_blocks_per_split`` 128-deep steps) and the fp32 partials (written
+    and read back: 8 * split * M * N bytes) under half the weight bytes (N * K)."""
+    k_blocks = -(-k // GROUP)
+    split = 1
+    while (tiles * split < 2 * num_sms and split * 2 * min_blocks_per_split <= k_blocks
+           and 2 * split * 16 * m <= k):
+        split *= 2
+    return split
+
+
+def choose_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
+    """The tile config for y[M, N] = x[M, K] W[N, K]^T (see the module docstring for the rule).
+
+    Example:
+        >>> choose_config(1, 8192, 4096).short()
+        'swapqM16N128S8w4s4'
+    """
+    if min(m, n, k) < 1:
+        raise ValueError(f"empty GEMM {m}x{n}x{k}")
+    if m <= SMALL_M:
+        block_m = _pow2_at_least(m, 16)
+        block_n = 128 if -(-n // 128) >= 32 else 64  # keep >= 32 column slabs
+        tiles = -(-n // block_n)
+        split = _split(tiles, m, k, num_sms, 2)
+        return GemmConfig(block_m, block_n, split, swap_ab=True, fuse_quant=True, num_warps=4,
+                          num_stages=4)
+    block_m = 64 if m <= 128 else 128
+    tiles = -(-m // block_m) * -(-n // 128)
+    split = _split(tiles, m, k, num_sms, 4)
+    return GemmConfig(block_m, 128, split, swap_ab=False, fuse_quant=m <= FUSED_QUANT_MAX_M,
+                      num_warps=4 if block_m == 64 else 8, num_stages=4 if block_m == 64 else 3)
