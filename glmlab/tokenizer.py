@@ -2,7 +2,8 @@
 
 Reads ``tokenizer.json`` with HF ``tokenizers`` and the chat template from
 ``tokenizer_config.json`` (or ``chat_template.jinja``), and knows the end-of-sequence ids from
-``generation_config.json`` / ``config.json``. It knows nothing about models or sampling.
+``generation_config.json`` / ``config.json``. A checkpoint may have no tokenizer at all
+(``from_dir_optional`` then gives None: ids in, ids out). It knows nothing about models or sampling.
 """
 
 from __future__ import annotations
@@ -52,6 +53,16 @@ class Tokenizer:
             eos_token_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         specials = frozenset(i for i, t in tok.get_added_tokens_decoder().items() if t.special)
         return cls(tok, template, tuple(int(e) for e in eos_token_ids), specials)
+
+    @classmethod
+    def from_dir_optional(cls, path: str | Path,
+                          eos_token_ids: tuple[int, ...] = ()) -> Tokenizer | None:
+        """``from_dir``, or None for a directory without ``tokenizer.json`` (token ids in and
+        out need no tokenizer, e.g. a bare model written by transformers' ``save_pretrained``);
+        a tokenizer.json that is there but unreadable is still an error."""
+        if not (Path(path) / "tokenizer.json").is_file():
+            return None
+        return cls.from_dir(path, eos_token_ids)
 
     @property
     def vocab_size(self) -> int:
