@@ -19,7 +19,7 @@ takes a ticket from a per-tile counter; the program that draws the last ticket a
 in split order (deterministic: bit-identical every run and inside a CUDA graph), applies the
 epilogue and resets the counter to zero for the next launch. No host synchronisation, no
 data-dependent shapes. The counters are one persistent int32 buffer per device, so two split-K
-launches must not run concurrently on different streams (glmlab runs one stream per step).
+launches must not run concurrently on different streams (``kernels/fused/tickets.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from glmlab.kernels.fp8 import interpret_casts
 from glmlab.kernels.fp8.gemm_configs import GROUP, GemmConfig, choose_config
 from glmlab.kernels.fp8.quant_triton import INV_FP8_MAX, group_scale, quant_act_fp8_triton
 from glmlab.kernels.fp8.ref import FP8, FP8_MAX
+from glmlab.kernels.fused.tickets import ticket_counters
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -104,17 +105,6 @@ def _linear_fp8_kernel(
     tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :], y, mask=out_ok)
 
 
-_TICKETS: dict[torch.device, torch.Tensor] = {}
-MAX_SPLIT_TILES = 1 << 16
-
-
-def _tickets(device: torch.device) -> torch.Tensor:
-    """The device's split-K counters: zero between launches (each launch resets what it used)."""
-    if device not in _TICKETS:
-        _TICKETS[device] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
-    return _TICKETS[device]
-
-
 def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                block: tuple[int, int] = (GROUP, GROUP), x_scale: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
@@ -166,10 +156,8 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         raise ValueError(f"residual must be a row-major [{m}, {n}] tensor")
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:
-        if tiles > MAX_SPLIT_TILES:
-            raise ValueError(f"{tiles} split-K tiles exceed the counter buffer ({MAX_SPLIT_TILES})")
-        ws, tickets = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device), \
-            _tickets(x.device)
+        ws = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
+        tickets = ticket_counters(x.device, tiles)
     else:
         ws = tickets = out
     xs = x_scale if a_fp8 else out

@@ -1,0 +1,1 @@
+"""glmlab.kernels.fused: mHC sites, RMSNorm (+ residual), the MoE router; see ref.py."""
