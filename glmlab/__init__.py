@@ -12,9 +12,10 @@ import importlib
 
 _EXPORTS = {
     "LLM": "glmlab.engine.llm",
-    "SamplingParams": "glmlab.engine.sampler",
+    "Engine": "glmlab.engine.engine",
+    "SamplingParams": "glmlab.core",
     "ModelConfig": "glmlab.config",
-    "EngineConfig": "glmlab.config",
+    "EngineConfig": "glmlab.engine.config",
 }
 __all__ = sorted(_EXPORTS)
 

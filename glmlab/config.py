@@ -381,8 +381,3 @@ def _parse_text_config(text: dict, raw: dict) -> ModelConfig:
         fp8=_fp8_config(text),
         source=raw,
     )
-
-
-# The runtime config lives beside the engine so this module stays the dependency-free reader of
-# config.json; it is re-exported here so both frozen configs import from one place.
-from glmlab.engine.config import EngineConfig  # noqa: E402,F401

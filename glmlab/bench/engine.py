@@ -34,10 +34,10 @@ from glmlab.cache.storage import CacheDtypes
 from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.writer import write_random_checkpoint
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
+from glmlab.core import SamplingParams
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
 from glmlab.engine.local_pd import slot_accounting
-from glmlab.engine.sampler import SamplingParams
 from glmlab.env import cache_dir
 from glmlab.model.backends import Backends
 from glmlab.model.session import Session
@@ -104,13 +104,9 @@ def run_batch(engine: Engine, tracer: RecordingTracer, reqs: list[tuple[list[int
 
 def throughput(args, cfg: EngineConfig) -> dict:
     path = checkpoint(args)
-    dtype = torch.bfloat16 if cfg.dtype.value == "bf16" or (
-        cfg.dtype.value == "auto" and args.device.startswith("cuda")) else torch.float32
-    model = load_model(path, dtype=dtype, device=args.device, fp8=args.fp8_weights)
-    model.use_backends(cfg.backends)
-    tok = Tokenizer.from_dir(path)
     tracer = RecordingTracer()
-    engine = Engine(model, cfg, tok.decode, tracer=tracer)
+    engine = Engine.from_pretrained(path, cfg, tracer)
+    tok, dtype = engine.tokenizer, cfg.model_dtype
     run_batch(engine, tracer, workload(tok, args, args.warmup, args.seed + 1))  # warm caches
     engine.cache.stats = CacheStats()
     result = run_batch(engine, tracer, workload(tok, args, args.num_prompts, args.seed))
@@ -181,7 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--model", help="checkpoint directory (overrides --preset)")
     p.add_argument("--fp8", action="store_true", help="write the preset with FP8 weights")
-    p.add_argument("--fp8-weights", choices=("dequantize", "keep"), default="dequantize")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto", choices=("auto", "bf16", "fp32"))
     p.add_argument("--num-prompts", type=int, default=64)

@@ -33,7 +33,7 @@ from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.checkpoint.writer import init_random_
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.config import ModelConfig
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.backends import Backends
 from glmlab.model.glm import GLM5Model
 from glmlab.model.session import Session

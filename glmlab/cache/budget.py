@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glmlab.cache.spec import CacheSpec
+from glmlab.cache.footprint import CacheFootprint
 
 GIB = 1 << 30
 PADDING_SLOTS = 1
@@ -35,7 +35,7 @@ class BudgetError(ValueError):
 
 @dataclass(frozen=True)
 class BudgetInputs:
-    spec: CacheSpec
+    footprint: CacheFootprint
     context_len: int  # longest prompt + output a request may reach
     page_size: int = 64
     byte_budget: int | None = None  # static bytes for every pool
@@ -114,7 +114,7 @@ def kv_bound(token_pages: int, context_len: int, shared_prefix_len: int, page_si
 
 
 def plan_budget(x: BudgetInputs) -> Budget:
-    s, ps = x.spec, x.page_size
+    s, ps = x.footprint, x.page_size
     pool = x.pool_bytes()
     per_slot = s.state_bytes_per_slot
     page_bytes = ps * (s.kv_bytes_per_token + s.draft_bytes_per_token)
@@ -170,5 +170,5 @@ def plan_budget(x: BudgetInputs) -> Budget:
 
 
 def _fmt_need(x: BudgetInputs, own_pages: int, page_bytes: float) -> str:
-    need = x.slots_per_request * x.spec.state_bytes_per_slot + own_pages * page_bytes
+    need = x.slots_per_request * x.footprint.state_bytes_per_slot + own_pages * page_bytes
     return f"{need / GIB:.3f} GiB each"

@@ -1,5 +1,6 @@
 """How a budget is shown (the table ``glmlab budget`` and the engine print), and the seed's two
-decode configurations as ``BudgetInputs`` (docs/reference-numbers.md section 0, docs/techniques.md section 3.2).
+decode configurations as ``BudgetInputs`` (docs/reference-numbers.md section 0,
+docs/techniques.md section 3.2).
 
 The seed publishes its pools (per GPU, TP4 decode), not its static budget after weights and
 workspaces, so the scenarios take the sum of its pools as the byte budget; what the budget then
@@ -13,19 +14,20 @@ import dataclasses
 import torch
 
 from glmlab.cache.budget import GIB, Budget, BudgetInputs, plan_budget
-from glmlab.cache.spec import CacheSpec
+from glmlab.cache.footprint import CacheFootprint
 from glmlab.cache.storage import CacheDtypes
 from glmlab.presets import preset_config
 
 SEED_CONTEXT = 65_536 + 1_024  # 64K prompt + 1K output
-SEED_SHARED_PREFIX = 65_472  # decode benchmark: 99.9% shared prefix (docs/techniques.md section 3.3)
-# DFlash2's draft config is not public (docs/techniques.md section 9); the seed's 11.96 GiB of draft KV
-# beside 14.00 GiB of FP8 target KV (6,171 B/token at TP4) implies this many bytes per token.
+SEED_SHARED_PREFIX = 65_472  # decode benchmark: 99.9% shared prefix (docs/techniques.md 3.3)
+# DFlash2's draft config is not public (docs/techniques.md section 9); the seed's 11.96 GiB of
+# draft KV beside 14.00 GiB of FP8 target KV (6,171 B/token at TP4) implies this many bytes per
+# token.
 SEED_DRAFT_BYTES_PER_TOKEN = 5_272
 
 
 def budget_rows(b: Budget) -> list[dict]:
-    x, s = b.inputs, b.inputs.spec
+    x, s = b.inputs, b.inputs.footprint
     rows = [
         dict(pool="target KV", per_unit=f"{s.kv_bytes_per_token:,.0f} B/token",
              units=f"{b.token_slots:,} tokens", gib=b.kv_bytes / GIB),
@@ -43,7 +45,7 @@ def budget_rows(b: Budget) -> list[dict]:
 
 
 def budget_table(b: Budget) -> str:
-    x, s = b.inputs, b.inputs.spec
+    x, s = b.inputs, b.inputs.footprint
     head = (f"memory budget{' (' + x.label + ')' if x.label else ''}: {s.formats}; "
             f"context {x.context_len:,}, page {x.page_size}")
     lines = [head, f"  {'pool':<24}{'per unit':>20}  {'units':<26}{'GiB':>9}"]
@@ -60,10 +62,10 @@ def budget_table(b: Budget) -> str:
     return "\n".join(lines)
 
 
-def _full_spec(latent: torch.dtype, recurrent: torch.dtype, draft_bytes: int = 0) -> CacheSpec:
+def _full_spec(latent: torch.dtype, recurrent: torch.dtype, draft_bytes: int = 0) -> CacheFootprint:
     dtypes = CacheDtypes(latent=latent, pool_keys=torch.float8_e4m3fn, recurrent=recurrent,
                          conv=torch.bfloat16, tail=torch.bfloat16)
-    spec = CacheSpec.of(preset_config("full"), dtypes, tp=4, with_mtp=False)
+    spec = CacheFootprint.of(preset_config("full"), dtypes, tp=4, with_mtp=False)
     return dataclasses.replace(spec, draft_bytes_per_token=draft_bytes)
 
 
@@ -71,7 +73,7 @@ def seed_baseline() -> BudgetInputs:
     """Isolated decode baseline: BF16 KV, FP32 state, 56 running, 56 state slots."""
     spec = _full_spec(torch.bfloat16, torch.float32)
     pools = 46.72 * GIB + 1.96 * GIB  # the seed's KV + state pools
-    return BudgetInputs(spec=spec, context_len=SEED_CONTEXT, byte_budget=int(pools),
+    return BudgetInputs(footprint=spec, context_len=SEED_CONTEXT, byte_budget=int(pools),
                         max_running_requests=56, state_slots=56, label="seed decode baseline, TP4")
 
 
@@ -82,13 +84,14 @@ def seed_final(slots_per_request: int = 3) -> BudgetInputs:
     spec = _full_spec(torch.float8_e4m3fn, torch.bfloat16, SEED_DRAFT_BYTES_PER_TOKEN)
     pools = (14.00 + 11.96 + 7.37) * GIB
     slots = 414 if slots_per_request == 3 else slots_per_request * (132 + 6)
-    return BudgetInputs(spec=spec, context_len=SEED_CONTEXT, byte_budget=int(pools),
+    return BudgetInputs(footprint=spec, context_len=SEED_CONTEXT, byte_budget=int(pools),
                         max_running_requests=132, state_slots=slots, extra_slots=6,
                         slots_per_request=slots_per_request, shared_prefix_len=SEED_SHARED_PREFIX,
                         label=f"seed decode final, TP4, {slots_per_request} state slot(s)/request")
 
 
-# The seed's per-GPU decode memory (docs/reference-numbers.md section 0), GiB, beside what plan_budget derives.
+# The seed's per-GPU decode memory (docs/reference-numbers.md section 0), GiB, beside what
+# plan_budget derives.
 SEED_POOLS = {"baseline": {"target KV": 46.72, "recurrent + conv state": 1.96, "state slots": 56},
               "final": {"target KV": 14.00, "draft KV": 11.96, "recurrent + conv state": 7.37,
                         "state slots": 414}}

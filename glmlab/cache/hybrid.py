@@ -20,21 +20,14 @@ end of the reused prefix, so it can reuse only up to a checkpoint (``kv_and_stat
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from glmlab.cache.pools import RefPool
 from glmlab.cache.radix import Match, RadixTree
 from glmlab.cache.storage import ModelCache
-from glmlab.engine.config import RadixMode
-
-
-@dataclass
-class SeqCache:
-    slot: int  # state slot (conv + recurrent + index tails)
-    pages: list[int] = field(default_factory=list)  # pages[i] holds positions [i*S, (i+1)*S)
-    prefix_len: int = 0  # tokens reused from the tree at admission
+from glmlab.core import RadixMode, SeqCache
 
 
 @dataclass(frozen=True)
@@ -174,6 +167,12 @@ class HybridCache:
     def _evict_checkpoints(self, num_slots: int) -> None:
         if self.tree is not None:
             self.tree.evict_checkpoints(num_slots)
+
+    def flush(self) -> None:
+        """Evict everything the radix tree holds no request reads (all of it when idle)."""
+        if self.tree is not None:
+            self.tree.evict(self.pages.capacity)
+            self.tree.evict_checkpoints(self.slots.capacity)
 
     def free_or_evictable_pages(self) -> int:
         return self.pages.num_free + (self.tree.evictable_pages() if self.tree else 0)

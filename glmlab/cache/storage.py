@@ -8,8 +8,7 @@ Per DSA layer (the main layers and the MTP layer):
 Per KDA layer:
 - ``conv``        [num_state_slots, 3*H*K, W-1]  the last W-1 pre-conv inputs,
 - ``recurrent``   [num_state_slots, H, K, V]     the delta-rule state.
-Per draft layer (optional, ``DraftKVSpec``; the speculative drafter writes it):
-- ``draft_kv``    [num_token_slots, width]       draft-model K/V rows at the *target's* token slots.
+(A DFlash2 drafter keeps its own K/V rows, at the same token slots, with the drafter.)
 
 Number formats (``CacheDtypes``): a float dtype stores values as they are. ``float8_e4m3fn``
 selects the FP8 formats the DSA kernels read, quantised on write and dequantised on read:
@@ -49,19 +48,6 @@ class CacheDtypes:
         return cls(latent=dtype, pool_keys=dtype, recurrent=torch.float32, conv=dtype, tail=dtype)
 
 
-@dataclass(frozen=True)
-class DraftKVSpec:
-    """Draft-model KV stored per target token slot: ``num_layers`` rows of ``width`` values."""
-
-    num_layers: int
-    width: int  # values per token per layer, e.g. 2 * kv_heads * head_dim
-    dtype: torch.dtype = torch.bfloat16
-
-    def bytes_per_token(self, tp: int = 1) -> int:
-        """Per GPU: draft attention heads are split over ``tp`` ranks."""
-        return self.num_layers * self.width * self.dtype.itemsize // tp
-
-
 def _rows(num: int, width: int, dtype: torch.dtype, device) -> torch.Tensor:
     return torch.zeros(num, width, dtype=dtype, device=device)
 
@@ -69,8 +55,7 @@ def _rows(num: int, width: int, dtype: torch.dtype, device) -> torch.Tensor:
 class ModelCache:
     def __init__(self, cfg: ModelConfig, num_token_slots: int, num_state_slots: int,
                  page_size: int = 64, dtypes: CacheDtypes | None = None,
-                 device: torch.device | str = "cpu", with_mtp: bool = True,
-                 draft: DraftKVSpec | None = None):
+                 device: torch.device | str = "cpu", with_mtp: bool = True):
         kpool = cfg.dsa.index_kpool
         if page_size % kpool or num_token_slots % page_size:
             raise ValueError(
@@ -79,7 +64,6 @@ class ModelCache:
         self.cfg, self.page_size = cfg, page_size
         self.num_token_slots, self.num_state_slots = num_token_slots, num_state_slots
         self.dtypes = dtypes or CacheDtypes()
-        self.draft = draft
         dt, d, k = self.dtypes, cfg.dsa, cfg.kda
         self.latent_fp8 = (MlaKVLayout(KVFormat.FP8_SCALED, d.kv_lora_rank)
                            if dt.latent == FP8 else None)
@@ -101,8 +85,6 @@ class ModelCache:
                                     dtype=dt.conv, device=device) for i in cfg.kda_layers}
         self.recurrent = {i: torch.zeros(num_state_slots, k.num_heads, k.head_dim, k.head_dim,
                                          dtype=dt.recurrent, device=device) for i in cfg.kda_layers}
-        self.draft_kv = {j: _rows(num_token_slots, draft.width, draft.dtype, device)
-                         for j in range(draft.num_layers)} if draft else {}
 
     @property
     def num_pages(self) -> int:
@@ -137,13 +119,6 @@ class ModelCache:
             return (keys.float() * self.pool_key_scales[layer][pool_slots][..., None]).to(dtype)
         return keys.to(dtype)
 
-    # Draft-model rows (same token slots as the target) --------------------------------------
-    def write_draft_kv(self, layer: int, slots: torch.Tensor, rows: torch.Tensor) -> None:
-        self.draft_kv[layer][slots] = rows.to(self.draft_kv[layer].dtype)
-
-    def read_draft_kv(self, layer: int, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        return self.draft_kv[layer][slots].to(dtype)
-
     # Per-request state ----------------------------------------------------------------------
     def _state_tensors(self) -> tuple[torch.Tensor, ...]:
         return (*self.conv.values(), *self.recurrent.values(), *self.index_tail.values())
@@ -174,9 +149,6 @@ class ModelCache:
                        for t in (*self.pool_keys.values(), *self.pool_key_scales.values()))
         return per_pool / self.cfg.dsa.index_kpool
 
-    def draft_bytes_per_token(self) -> int:
-        return sum(t[0].numel() * t.element_size() for t in self.draft_kv.values())
-
     # For transfer engines -------------------------------------------------------------------
     def regions(self) -> dict[str, tuple[torch.Tensor, str]]:
         """Every storage tensor by name, with what its rows are addressed by: ``token`` (token
@@ -192,8 +164,6 @@ class ModelCache:
         for i in self.conv:
             out[f"conv.{i}"] = (self.conv[i], "state")
             out[f"recurrent.{i}"] = (self.recurrent[i], "state")
-        for j, t in self.draft_kv.items():
-            out[f"draft_kv.{j}"] = (t, "token")
         return out
 
     def copy_from(self, src: ModelCache, src_pages: list[int], dst_pages: list[int],

@@ -16,7 +16,7 @@ import torch
 
 from glmlab.cache.budget import GIB, BudgetInputs, plan_budget
 from glmlab.cache.budget_report import budget_rows, seed_baseline, seed_final
-from glmlab.cache.spec import CacheSpec
+from glmlab.cache.footprint import CacheFootprint
 from glmlab.cache.storage import CacheDtypes
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.config import ModelConfig
@@ -57,11 +57,11 @@ class BudgetQuery:
         cfg = ModelConfig.from_hf(preset(self.model) if not _is_dir(self.model) else self.model)
         dtypes = CacheDtypes(latent=_DTYPES[self.kv_dtype], pool_keys=_DTYPES[self.index_dtype],
                              recurrent=_DTYPES[self.state_dtype], conv=_DTYPES[self.conv_dtype])
-        spec = dataclasses.replace(CacheSpec.of(cfg, dtypes, self.tp, self.with_mtp),
+        spec = dataclasses.replace(CacheFootprint.of(cfg, dtypes, self.tp, self.with_mtp),
                                    draft_bytes_per_token=self.draft_bytes_per_token)
         gib = lambda v: None if v is None else int(v * GIB)  # noqa: E731
         return BudgetInputs(
-            spec=spec, context_len=self.context_len, page_size=self.page_size,
+            footprint=spec, context_len=self.context_len, page_size=self.page_size,
             byte_budget=gib(self.byte_budget_gib), device_bytes=gib(self.device_gib),
             mem_fraction=self.mem_fraction, weight_bytes=gib(self.weight_gib) or 0,
             max_running_requests=self.max_running_requests, state_slots=self.state_slots,

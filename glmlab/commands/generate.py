@@ -9,7 +9,7 @@ import sys
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args, optional_dataclass_from_args
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.llm import LLM
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.backends import Backends
 from glmlab.speculative.config import SpecConfig
 

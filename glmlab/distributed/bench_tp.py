@@ -50,7 +50,7 @@ from glmlab.distributed.tp import apply_tp
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
 from glmlab.engine.local_pd import LocalPD
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.backends import Backends
 from glmlab.model.glm import GLM5Model
 

@@ -1,7 +1,9 @@
 """The engine under tensor parallelism: every rank runs the same ``Engine`` on its shard, in step.
 
-Each rank builds an ordinary ``Engine`` around its ``apply_tp`` shard (``build_tp_engine``), with
-pool sizes agreed across the group, so every rank owns the same page and state-slot ids. The
+Each rank builds an ordinary ``Engine`` around its ``apply_tp`` shard (``tp_engine`` from a
+checkpoint through ``Engine.from_pretrained``, or ``build_tp_engine`` around a shard already in
+memory), with pool sizes agreed across the group, so every rank owns the same page and
+state-slot ids. The
 engine is deterministic: given the same calls in the same order, every rank's scheduler makes the
 same decisions, its forwards meet in the same all-reduces, and the replicated logits (the last
 all-reduce feeds a replicated lm_head) sample the same tokens with the same seeded generators. So
@@ -31,15 +33,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from glmlab.core import RequestOutput
 from glmlab.distributed.parallel import ProcessGroups
+from glmlab.distributed.tp import apply_tp
 from glmlab.engine.config import EngineConfig
-from glmlab.engine.engine import Engine, budget_inputs
-from glmlab.engine.types import StepOutput
+from glmlab.engine.engine import Engine
+from glmlab.engine.model_runner import budget_inputs
 from glmlab.model.glm import GLM5Model
 
 MUTATING = ("add_request", "abort", "forget", "complete_import", "release_held")
@@ -64,7 +69,7 @@ class Command:
     stop: bool = False
 
 
-def digest(outputs: Sequence[StepOutput]) -> tuple:
+def digest(outputs: Sequence[RequestOutput]) -> tuple:
     return tuple((o.rid, tuple(o.new_token_ids), o.finished) for o in outputs)
 
 
@@ -86,6 +91,16 @@ def build_tp_engine(model: GLM5Model, cfg: EngineConfig, groups: ProcessGroups,
                     engine_cls: Callable[..., Engine] = Engine, **engine_kwargs) -> Engine:
     """An engine around this rank's shard (``model`` already transformed by ``apply_tp``)."""
     return engine_cls(model, agreed_config(cfg, model, groups.tp), **engine_kwargs)
+
+
+def tp_engine(path: str | Path, cfg: EngineConfig, groups: ProcessGroups,
+              engine_cls: type[Engine] = Engine, **engine_kwargs) -> Engine:
+    """This rank's engine of a checkpoint: loaded as ``cfg`` says, sharded, pools agreed."""
+    def shard(model: GLM5Model, c: EngineConfig) -> tuple[GLM5Model, EngineConfig]:
+        model = apply_tp(model, groups)
+        return model, agreed_config(c, model, groups.tp)
+
+    return engine_cls.from_pretrained(path, cfg, prepare=shard, **engine_kwargs)
 
 
 # ------------------------------------------------------------------------------ channel
@@ -153,19 +168,19 @@ class LeaderEngine:
     def add_request(self, *args, **kwargs) -> str:
         return self._call("add_request", *args, **kwargs)
 
-    def abort(self, rid: str) -> StepOutput | None:
+    def abort(self, rid: str) -> RequestOutput | None:
         return self._call("abort", rid)
 
     def forget(self, rid: str) -> None:
         self._call("forget", rid)
 
-    def complete_import(self, rid: str, first_token: int) -> StepOutput:
-        return self._call("complete_import", rid, first_token)
+    def complete_import(self, rid: str, first_token: int, logprob=None) -> RequestOutput:
+        return self._call("complete_import", rid, first_token, logprob)
 
     def release_held(self, rid: str) -> None:
         self._call("release_held", rid)
 
-    def step(self) -> list[StepOutput]:
+    def step(self) -> list[RequestOutput]:
         self._send(stop=False)
         outputs = self.engine.step()
         self._last = digest(outputs)

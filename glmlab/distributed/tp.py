@@ -21,7 +21,7 @@ The transformed model keeps its types and parameter names (``self_attn`` is stil
 ``DSAttention`` / ``KDAttention``, the MoE keeps ``gate / experts / shared_experts``), so backends
 bind to it as before. ``model.cfg`` becomes ``kda_tp.shard_config(cfg, tp)``: what this rank's
 cache holds (KDA state for its heads; the latent and indexer rows whole), so an ``Engine`` built
-on the shard sizes its pools per GPU, as ``CacheSpec.of(cfg, dtypes, tp)`` does. The MTP layer
+on the shard sizes its pools per GPU, as ``CacheFootprint.of(cfg, dtypes, tp)`` does. The MTP layer
 is transformed like a decoder layer. The rank's forward must run in step with the other ranks
 (``engine_tp``): each split layer is a collective.
 """

@@ -16,15 +16,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from glmlab.cache.spec import CacheSpec, cache_dtypes
-from glmlab.checkpoint.loader import load_model
+from glmlab.cache.footprint import CacheFootprint, cache_dtypes
 from glmlab.config import ModelConfig
-from glmlab.distributed.engine_tp import Channel, LeaderEngine, build_tp_engine, follow
+from glmlab.core import Req, Sampled, SamplingParams
+from glmlab.distributed.engine_tp import Channel, LeaderEngine, follow, tp_engine
 from glmlab.distributed.parallel import ParallelLayout, ProcessGroups
-from glmlab.distributed.tp import apply_tp
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
-from glmlab.engine.sampler import SamplingParams
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -53,11 +51,10 @@ class LogitsEngine(Engine):
         super().__init__(*args, **kwargs)
         self.sampled_logits: dict[str, list[torch.Tensor]] = {}
 
-    def sample(self, batch, logits: torch.Tensor) -> list[int]:
-        reqs = [e.req for e in batch.entries if e.samples]
+    def sample(self, reqs: list[Req], logits: torch.Tensor) -> list[Sampled]:
         for req, row in zip(reqs, logits, strict=True):
             self.sampled_logits.setdefault(req.rid, []).append(row.float().cpu())
-        return super().sample(batch, logits)
+        return super().sample(reqs, logits)
 
 
 @dataclass
@@ -98,11 +95,7 @@ def result_of(engine: Engine, rids: list[str], steps: int) -> CaseResult:
 
 
 def _idle(engine: Engine) -> bool:
-    try:
-        engine.cache.check_idle()
-    except AssertionError:
-        return False
-    return not (engine.scheduler.running or engine.scheduler.waiting or engine.scheduler.parked)
+    return not engine.leaks()
 
 
 def budget_facts(engine: Engine) -> dict:
@@ -112,23 +105,23 @@ def budget_facts(engine: Engine) -> dict:
             "max_running_requests": b.max_running_requests,
             "state_bytes_per_slot": storage.state_bytes_per_slot(),
             "kv_bytes_per_token": storage.bytes_per_token(),
-            "budget_state_bytes_per_slot": b.inputs.spec.state_bytes_per_slot,
-            "budget_kv_bytes_per_token": b.inputs.spec.kv_bytes_per_token,
+            "budget_state_bytes_per_slot": b.inputs.footprint.state_bytes_per_slot,
+            "budget_kv_bytes_per_token": b.inputs.footprint.kv_bytes_per_token,
             "cached_tokens": engine.cache.stats.cached_tokens}
 
 
 def expected_budget(full: ModelConfig, cfg: EngineConfig, dtype: torch.dtype, tp: int,
-                    with_mtp: bool) -> CacheSpec:
+                    with_mtp: bool) -> CacheFootprint:
     """What ``glmlab.cache.budget`` says one GPU of a TP-``tp`` engine holds per token / slot."""
-    return CacheSpec.of(full, cache_dtypes(cfg, dtype), tp=tp, with_mtp=with_mtp)
+    return CacheFootprint.of(full, cache_dtypes(cfg, dtype), tp=tp, with_mtp=with_mtp)
 
 
 def single_run(path: str, dtype: str, options: dict, case: DecodeCase,
                device: str = "cpu") -> CaseResult:
     """The reference: one process, the untransformed model."""
-    model = load_model(path, dtype=DTYPES[dtype], device=device)
-    engine = LogitsEngine(model, EngineConfig(device=device, print_budget=False, **options))
-    rids, steps = drive(engine, case, model.cfg.vocab_size)
+    engine = LogitsEngine.from_pretrained(
+        path, EngineConfig(device=device, dtype=dtype, print_budget=False, **options))
+    rids, steps = drive(engine, case, engine.model.cfg.vocab_size)
     return result_of(engine, rids, steps)
 
 
@@ -142,12 +135,11 @@ def tp_decode_runs(path: str, dtype: str, layout: ParallelLayout,
     channel = Channel(groups)
     out = []
     for options, case in runs:
-        model = apply_tp(load_model(path, dtype=DTYPES[dtype], device=device), groups)
-        cfg = EngineConfig(device=device, print_budget=False, **options)
-        engine = build_tp_engine(model, cfg, groups, LogitsEngine)
+        cfg = EngineConfig(device=device, dtype=dtype, print_budget=False, **options)
+        engine = tp_engine(path, cfg, groups, LogitsEngine)
         if groups.info.tp_rank == 0:
             leader = LeaderEngine(engine, channel)
-            rids, steps = drive(leader, case, model.cfg.vocab_size)
+            rids, steps = drive(leader, case, engine.model.cfg.vocab_size)
             leader.close()
         else:
             stats = follow(engine, channel)

@@ -1,13 +1,15 @@
-"""EngineConfig: the runtime knobs of one engine instance (re-exported by ``glmlab.config``).
+"""EngineConfig: the runtime knobs of one engine instance.
 
 The second of glmlab's two frozen configs (``ModelConfig`` describes the checkpoint; this one how
-it is served): device and dtypes, page size, per-step token budgets, memory budget, cache number
-formats, radix mode, op backends. Fields may be given as strings (``kv_dtype="fp8"``) and are
-normalised to their enums once, at construction. Values discovered at run time (pool sizes, max
-running requests) are returned by ``glmlab.cache.budget``, never written back here.
+it is served): device and dtypes, how block-FP8 weights load, page size, per-step token budgets,
+memory budget, cache number formats, radix mode, op backends. Fields may be given as strings
+(``kv_dtype="fp8"``) and are normalised to their enums once, at construction. Values discovered
+at run time (pool sizes, max running requests) are returned by ``glmlab.cache.budget``, never
+written back here.
 
-It lives in its own module so that ``glmlab.config`` stays the small, dependency-free reader of
-config.json; CLI flags are generated from the fields (``glmlab.cliargs``).
+It lives with the engine so that ``glmlab.config`` stays the small, dependency-free reader of
+config.json; the enums come from ``glmlab.core`` (the cache uses them too). CLI flags are
+generated from the fields (``glmlab.cliargs``).
 """
 
 from __future__ import annotations
@@ -15,51 +17,25 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 
+import torch
+
+from glmlab.core import ComputeDtype, FP8Weights, IndexDtype, KVDtype, RadixMode, StateDtype
 from glmlab.model.backends import Backends
 from glmlab.speculative.config import SpecConfig
 
-
-class _Choice(str, Enum):
-    def __str__(self) -> str:  # "fp8", not "KVDtype.FP8": what a CLI flag or a log shows
-        return self.value
-
-
-class ComputeDtype(_Choice):
-    AUTO = "auto"  # bf16 on CUDA, fp32 on CPU
-    BF16 = "bf16"
-    FP32 = "fp32"
-
-
-class KVDtype(_Choice):
-    AUTO = "auto"  # the model dtype: bit-for-bit the reference numerics
-    BF16 = "bf16"
-    FP8 = "fp8"  # E4M3 latent with one fp32 scale per 128 channels (528 B/token/layer)
-
-
-class IndexDtype(_Choice):
-    AUTO = "auto"  # pooled indexer keys in the model dtype
-    FP8 = "fp8"  # E4M3 + one fp32 scale per pooled key (33 B/token amortised), as SGLang
-
-
-class StateDtype(_Choice):
-    FP32 = "fp32"
-    BF16 = "bf16"
-
-
-class RadixMode(_Choice):
-    OFF = "off"
-    KV_AND_STATE = "kv_and_state"  # prefix KV + KDA state checkpoints at page boundaries
-    KV_ONLY = "kv_only"  # prefix KV only; requests bring their own end-of-prompt state
+__all__ = ["ComputeDtype", "EngineConfig", "FP8Weights", "IndexDtype", "KVDtype", "RadixMode",
+           "StateDtype"]
 
 
 _ENUMS = {"dtype": ComputeDtype, "kv_dtype": KVDtype, "index_dtype": IndexDtype,
-          "state_dtype": StateDtype, "radix": RadixMode}
+          "state_dtype": StateDtype, "radix": RadixMode, "fp8_weights": FP8Weights}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     device: str = "cpu"
     dtype: ComputeDtype = ComputeDtype.AUTO
+    fp8_weights: FP8Weights = FP8Weights.DEQUANTIZE  # block-FP8 checkpoints: widen, or keep
     page_size: int = 64
     context_len: int | None = None  # longest prompt + output; None = the model's maximum
     max_num_batched_tokens: int = 8192  # tokens per step, decode and prefill together
@@ -108,6 +84,13 @@ class EngineConfig:
             object.__setattr__(self, "speculative", SpecConfig(**self.speculative))
         if self.extra_slots < 0:
             raise ValueError(f"extra_slots must be >= 0, got {self.extra_slots}")
+
+    @property
+    def model_dtype(self) -> torch.dtype:
+        """The compute dtype: ``auto`` is bf16 on CUDA, fp32 on the CPU (transformers parity)."""
+        if self.dtype is ComputeDtype.AUTO:
+            return torch.bfloat16 if self.device.startswith("cuda") else torch.float32
+        return {ComputeDtype.BF16: torch.bfloat16, ComputeDtype.FP32: torch.float32}[self.dtype]
 
     def describe(self) -> dict:
         out = {}

@@ -1,94 +1,158 @@
 """Engine: continuous batching of GLM-5.3-Flash over a hybrid cache, one ``step()`` at a time.
 
-    batch  = scheduler.schedule()        which requests, how many tokens each (no tensors)
-    plan   = runner.plan(batch)          per-step metadata, built once
-    logits = runner.forward(plan)        the model over the flat batch
-    tokens = sampler(batch, logits)      one token per sampling entry
-    outs   = scheduler.update(batch, tokens)
+    batch   = scheduler.schedule()          which requests, how many tokens each (no tensors)
+    plan    = runner.plan(batch.entries)    per-step metadata, built once
+    result  = runner.forward(plan)          the model over the flat batch
+    sampled = runner.sample(reqs, logits)   one token per sampling entry (+ logprobs if asked)
+    updates = scheduler.update(batch, ...)  tokens appended, finished requests released
+    outputs                                 one ``RequestOutput`` per request: ids, text delta,
+                                            logprobs, cached tokens, finish reason, matched stop
 
-At construction the memory budget (``glmlab.cache.budget``) sizes the pools from ``EngineConfig``
-and is printed. Notebooks, ``LLM``, benchmarks and the serving workers all drive this class; a
-prefill/decode instance uses the same loop with ``hold_after_prefill`` / ``imported`` requests
-and ``CacheTarget`` to find what to transfer. The engine knows nothing about HTTP or transfers.
+``Engine.from_pretrained(path_or_preset, EngineConfig)`` is the way in: the ``ModelRunner`` loads
+the checkpoint as the config asks (dtype, FP8 weights kept or dequantised, backends), sizes and
+allocates the pools, and runs every forward. With speculation on, ``SpecPhase`` executes the
+batch through the same runner. Each request has one incremental ``Detokenizer`` here (its text
+deltas, its stop strings). Requests are validated once, in ``add_request``: a bad one raises
+``InvalidRequest`` naming the field, whoever the caller is (``LLM``, the HTTP service).
+
+A prefill/decode instance uses the same loop with ``hold_after_prefill`` / ``imported``
+requests and ``CacheTarget`` to find what to transfer. The engine knows nothing about HTTP or
+transfers.
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
+import operator
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
-from glmlab.cache.budget import Budget, BudgetInputs, plan_budget
-from glmlab.cache.hybrid import HybridCache
-from glmlab.cache.spec import CacheSpec, cache_dtypes
-from glmlab.cache.storage import ModelCache
-from glmlab.engine.config import EngineConfig, RadixMode
-from glmlab.engine.runner import Runner
-from glmlab.engine.sampler import SamplingParams, make_generator, sample_batch
+from glmlab.checkpoint.presets_dir import resolve_model
+from glmlab.core import (
+    Batch,
+    CacheTarget,
+    InvalidRequest,
+    Req,
+    RequestOutput,
+    Sampled,
+    SamplingParams,
+    Status,
+    TokenLogprob,
+    make_generator,
+)
+from glmlab.engine.config import EngineConfig
+from glmlab.engine.detokenizer import Decoder, Detokenizer
+from glmlab.engine.model_runner import ModelRunner, load_model_for
 from glmlab.engine.scheduler import Scheduler
-from glmlab.engine.types import Batch, CacheTarget, Req, Status, StepOutput
 from glmlab.model.glm import GLM5Model
-from glmlab.speculative.engine_phase import SpecPhase, load_spec_draft, spec_budget
+from glmlab.speculative.engine_phase import SpecPhase
+from glmlab.tokenizer import Tokenizer
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
-CPU_CACHE_BYTES = 256 << 20  # a CPU has no device memory to take a fraction of
+Prepare = Callable[[GLM5Model, EngineConfig], tuple[GLM5Model, EngineConfig]]
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    parked: int  # awaiting an import, or held after prefill for export
+    pages_used: int
+    pages_total: int
+    pages_tree: int  # held by the radix tree (shared, or cached for later)
+    pages_evictable: int
+    state_slots_used: int
+    state_slots_total: int
+    state_checkpoints: int
+    prompt_tokens: int  # admitted so far
+    cached_tokens: int  # of them, served from the radix tree
+    hit_rate: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 class Engine:
     def __init__(self, model: GLM5Model, cfg: EngineConfig | None = None,
-                 detokenize: Callable[[list[int]], str] | None = None,
-                 eos_token_ids: Sequence[int] = (), tracer: Tracer = NULL_TRACER):
-        self.model, self.cfg = model, cfg or EngineConfig()
-        spec = self.cfg.speculative
-        draft = load_spec_draft(model, spec) if spec else None  # resident before the budget
-        inputs = budget_inputs(self.cfg, model)
-        if spec:
-            dtypes = cache_dtypes(self.cfg, model.dtype)
-            inputs = spec_budget(inputs, model, spec, draft, dtypes.recurrent)
-        self.budget: Budget = plan_budget(inputs)
-        storage = ModelCache(model.cfg, self.budget.num_pages * self.cfg.page_size,
-                             self.budget.num_state_slots, self.cfg.page_size,
-                             cache_dtypes(self.cfg, model.dtype), _device(model),
-                             with_mtp=model.mtp is not None)
-        self.cache = HybridCache(storage, self.cfg.radix)
+                 tokenizer: Decoder | None = None, tracer: Tracer = NULL_TRACER,
+                 eos_token_ids: Sequence[int] = ()):
+        self.runner = ModelRunner(model, cfg)
+        self.cfg, self.model, self.cache = self.runner.cfg, model, self.runner.cache
+        self.budget = self.runner.budget
         self.context_len = self.budget.inputs.context_len
-        self.spec = SpecPhase(model, self.cache, spec, self.budget.inputs.spec_slots, draft,
+        spec = self.cfg.speculative
+        self.spec = SpecPhase(self.runner, spec, self.budget.inputs.spec_slots, self.runner.draft,
                               self.cfg.seed, tracer) if spec else None
-        self.scheduler = Scheduler(self.cfg, self.cache, self.budget.max_running_requests,
-                                   detokenize, tracer,
-                                   verify_width=self.spec.verify_width if self.spec else None)
-        self.runner = Runner(model, self.cache)
-        self.detokenize, self.tracer = detokenize, tracer
-        self.eos_token_ids = tuple(eos_token_ids or model.cfg.eos_token_ids)
+        self.scheduler = Scheduler(self.cfg, self.cache, self.budget.max_running_requests, tracer,
+                                   verify_width=self.spec.verify_width if self.spec else None,
+                                   stop_string=self._stop_string)
+        self.tokenizer, self.tracer = tokenizer, tracer
+        self.eos_token_ids = tuple(eos_token_ids or getattr(tokenizer, "eos_token_ids", ())
+                                   or model.cfg.eos_token_ids)
         self._ids = itertools.count()
         self._requests: dict[str, Req] = {}
-        if self.cfg.print_budget:
-            print(self.budget.table(), file=sys.stderr)
+        self._detok: dict[str, Detokenizer] = {}
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path, cfg: EngineConfig | None = None,
+                        tracer: Tracer = NULL_TRACER, prepare: Prepare | None = None,
+                        **kwargs) -> Engine:
+        """A checkpoint directory or preset (``tiny``, ``slice:N``) served as ``cfg`` says, with
+        its tokenizer. ``prepare(model, cfg) -> (model, cfg)`` runs between loading and sizing
+        the pools (a TP rank: its shard, and the budget its group agreed on)."""
+        cfg = cfg or EngineConfig()
+        path = resolve_model(str(model))
+        loaded = load_model_for(path, cfg)
+        if prepare is not None:
+            loaded, cfg = prepare(loaded, cfg)
+        tokenizer = (Tokenizer.from_dir(path, loaded.cfg.eos_token_ids)
+                     if (path / "tokenizer.json").is_file() else None)
+        return cls(loaded, cfg, tokenizer, tracer, **kwargs)
 
     # ------------------------------------------------------------------ the loop
-    def step(self) -> list[StepOutput]:
+    def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
         start = time.perf_counter_ns()
-        tokens = self.execute(batch)
-        outputs = self.scheduler.update(batch, tokens)
+        sampled = self.execute(batch)
+        reqs = [e.req for e in batch.entries if e.samples]
+        logprobs = {r.rid: s.logprobs for r, s in zip(reqs, sampled, strict=True)}
+        updates = self.scheduler.update(batch, [s.tokens for s in sampled])
+        outputs = [self._output(req, new, logprobs.get(req.rid)) for req, new in updates]
         self.tracer.on_step(batch, self.cache.usage, start, time.perf_counter_ns())
         return outputs
 
-    def execute(self, batch: Batch) -> list:
-        """The batch's forward and sampling: one token per sampling entry, or with speculation
-        the emitted tokens of each VERIFY entry (``glmlab.speculative.engine_phase``)."""
+    def execute(self, batch: Batch) -> list[Sampled]:
+        """The batch's forward and sampling: per sampling entry its token, or with speculation
+        a VERIFY entry's emitted tokens (``glmlab.speculative.engine_phase``)."""
         if self.spec is not None:
             return self.spec.execute(batch, self.scheduler.running)
-        return self.sample(batch, self.runner.forward(self.runner.plan(batch)))
+        result = self.runner.forward(self.runner.plan(batch.entries))
+        return self.sample([e.req for e in batch.entries if e.samples], result.logits)
 
-    def sample(self, batch: Batch, logits: torch.Tensor) -> list[int]:
-        reqs = [e.req for e in batch.entries if e.samples]
-        return sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
+    def sample(self, reqs: list[Req], logits: torch.Tensor) -> list[Sampled]:
+        return self.runner.sample(reqs, logits)
+
+    def _output(self, req: Req, new: tuple[int, ...],
+                logprobs: tuple[TokenLogprob, ...] | None) -> RequestOutput:
+        final = req.finish_reason is not None
+        detok = self._detok.pop(req.rid, None) if final else self._detok.get(req.rid)
+        text = detok.take(final) if detok is not None else ""
+        if req.params.logprobs is None:
+            logprobs = None
+        elif logprobs is not None:
+            logprobs = logprobs[:len(new)]  # tokens after a finish were cut
+        return RequestOutput(req.rid, new, text, logprobs, req.cached_tokens, req.finish_reason,
+                             req.matched_stop)
+
+    def _stop_string(self, req: Req, token: int) -> str | None:
+        detok = self._detok.get(req.rid)
+        return detok.add(token) if detok is not None else None
 
     @property
     def has_work(self) -> bool:
@@ -98,13 +162,22 @@ class Engine:
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                     rid: str | None = None, imported: bool = False,
                     hold_after_prefill: bool = False) -> str:
-        """Queue a request; returns its id. ``imported``: its prompt's cache content will be
-        written from outside (see ``import_targets``); ``hold_after_prefill``: keep its cache
-        after the first token for export (``export_target``, then ``release_held``)."""
-        params = params or SamplingParams()
-        req = self._new_request(list(prompt_ids), params, rid)
+        """Queue a request; returns its id, or raises ``InvalidRequest`` (a ``ValueError``).
+        ``imported``: its prompt's cache content will be written from outside (see
+        ``import_targets``); ``hold_after_prefill``: keep its cache after the first token for
+        export (``export_target``, then ``release_held``)."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequest("params", f"expected SamplingParams, got {type(params).__name__}")
+        try:
+            ids = [operator.index(t) for t in prompt_ids]
+        except TypeError:
+            raise InvalidRequest("prompt", "token ids must be integers") from None
+        req = self._new_request(ids, params, rid)
         req.imported, req.hold_after_prefill = imported, hold_after_prefill
         self._requests[req.rid] = req
+        if self.tokenizer is not None:
+            self._detok[req.rid] = Detokenizer(self.tokenizer, params)
         self.scheduler.add(req)
         return req.rid
 
@@ -112,35 +185,37 @@ class Engine:
         n = next(self._ids)
         rid = rid if rid is not None else f"r{n}"
         if rid in self._requests and self._requests[rid].status is not Status.FINISHED:
-            raise ValueError(f"request id {rid!r} is already in use")
+            raise InvalidRequest("rid", f"request id {rid!r} is already in use")
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidRequest("prompt", "the prompt is empty")
         vocab = self.model.cfg.vocab_size
-        if any(not 0 <= t < vocab for t in ids):
-            bad = [t for t in ids if not 0 <= t < vocab][:5]
-            raise ValueError(f"token ids must be in [0, {vocab}): {bad}")
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequest("prompt", f"token ids must be in [0, {vocab}): {bad[:5]}")
         if len(ids) >= self.context_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens; the context holds "
-                             f"{self.context_len} (prompt plus at least one output token)")
-        if params.stop and self.detokenize is None:
-            raise ValueError("stop strings need a tokenizer (pass detokenize=...)")
+            raise InvalidRequest("prompt", f"the prompt has {len(ids)} tokens; the context holds "
+                                 f"{self.context_len} (prompt plus at least one output token)")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop", "stop strings need a tokenizer (this engine has none)")
         max_len = min(len(ids) + params.max_new_tokens, self.context_len)
         if self.cache.pages_for(max_len) > self.cache.pages.capacity:
-            raise ValueError(f"a request of {max_len} tokens needs more KV pages than the pool "
-                             f"holds ({self.cache.pages.capacity})")
+            raise InvalidRequest("max_new_tokens", f"a request of {max_len} tokens needs more KV "
+                                 f"pages than the pool holds ({self.cache.pages.capacity})")
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= set(self.eos_token_ids)
-        gen = make_generator(params, _device(self.model))
+        gen = make_generator(params, self.runner.device)
         if gen is not None and params.seed is None:  # reproducible: derive from the engine seed
             gen.manual_seed(self.cfg.seed * 1_000_003 + n)
         return Req(rid, ids, len(ids), params, max_len, frozenset(stop), gen)
 
-    def abort(self, rid: str) -> StepOutput | None:
-        out = self.scheduler.abort(rid)
+    def abort(self, rid: str) -> RequestOutput | None:
+        """End ``rid`` wherever it is (queued, running, awaiting import, held); frees all it holds.
+        None if no such request is unfinished here."""
+        req = self.scheduler.abort(rid)
         if self.spec is not None:
             self.spec.release(rid)
-        return out
+        return None if req is None else self._output(req, (), ())
 
     def request(self, rid: str) -> Req:
         return self._requests[rid]
@@ -150,14 +225,70 @@ class Engine:
         if self._requests[rid].status is Status.FINISHED:
             del self._requests[rid]
 
+    # ------------------------------------------------------------------ inspection
+    def stats(self) -> EngineStats:
+        s, u, c = self.scheduler, self.cache.usage(), self.cache.stats
+        return EngineStats(
+            running=len(s.running), waiting=len(s.waiting), parked=len(s.parked),
+            pages_used=u.pages_total - u.pages_free, pages_total=u.pages_total,
+            pages_tree=u.pages_tree, pages_evictable=u.pages_evictable,
+            state_slots_used=u.slots_total - u.slots_free, state_slots_total=u.slots_total,
+            state_checkpoints=u.checkpoints, prompt_tokens=c.prompt_tokens,
+            cached_tokens=c.cached_tokens, hit_rate=c.hit_rate)
+
+    @property
+    def is_idle(self) -> bool:
+        """No request queued, running, awaiting an import or held."""
+        s = self.scheduler
+        return not (s.waiting or s.running or s.parked)
+
+    def flush_cache(self) -> bool:
+        """Empty the radix tree (pages and state checkpoints); False, doing nothing, unless idle."""
+        if not self.is_idle:
+            return False
+        self.cache.flush()
+        return True
+
+    def leaks(self) -> list[str]:
+        """What an idle engine still holds that no request owns (empty: nothing). Pages and state
+        slots must be free or cached in the tree, speculative rows and detokenisers returned."""
+        s = self.scheduler
+        if not self.is_idle:
+            return [f"not idle: {len(s.running)} running, {len(s.waiting)} waiting, "
+                    f"{len(s.parked)} parked"]
+        out = []
+        try:
+            self.cache.check_idle()
+        except AssertionError as e:
+            out.append(str(e))
+        if self.spec is not None and any(self.spec.held([]).values()):
+            out.append(f"speculative state held: {self.spec.held([])}")
+        if self._detok:
+            out.append(f"detokenizers of ended requests: {sorted(self._detok)[:5]}")
+        return out
+
+    def assert_idle(self) -> None:
+        problems = self.leaks()
+        if problems:
+            raise AssertionError("; ".join(problems))
+
     # ------------------------------------------------------------------ PD seams
     def import_targets(self) -> list[CacheTarget]:
         """Admitted imported requests whose cache content is still to be written."""
         return [self._target(r) for r in self.scheduler.parked.values()
                 if r.status is Status.AWAITING_IMPORT]
 
-    def complete_import(self, rid: str, first_token: int) -> StepOutput:
-        return self.scheduler.complete_import(rid, first_token)
+    def complete_import(self, rid: str, first_token: int,
+                        logprob: TokenLogprob | float | None = None) -> RequestOutput:
+        """The imported content of ``rid`` is in the cache; it decodes from ``first_token``
+        (sampled by the prefill instance, with its ``logprob`` if the request asked)."""
+        req = self.scheduler.complete_import(rid, first_token)
+        lps = None
+        if logprob is not None:
+            lp = logprob if isinstance(logprob, TokenLogprob) else TokenLogprob(first_token,
+                                                                                float(logprob))
+            lps = (lp,)
+        return self._output(req, (first_token,), lps)
 
     def export_target(self, rid: str) -> CacheTarget:
         req = self.scheduler.parked.get(rid)
@@ -172,27 +303,3 @@ class Engine:
         pages = self.cache.pages_for(req.num_prompt)
         return CacheTarget(req.rid, req.num_prompt, req.cache.prefix_len,
                            tuple(req.cache.pages[:pages]), req.cache.slot, self.cfg.page_size)
-
-
-def _device(model: GLM5Model) -> torch.device:
-    return model.embed_tokens.weight.device
-
-
-def budget_inputs(cfg: EngineConfig, model: GLM5Model) -> BudgetInputs:
-    """What the budget needs to know about this engine: formats, context, memory, limits."""
-    spec = CacheSpec.of(model.cfg, cache_dtypes(cfg, model.dtype), with_mtp=model.mtp is not None)
-    device = _device(model)
-    byte_budget, device_bytes, weight_bytes = cfg.cache_bytes, None, 0
-    if byte_budget is None and device.type == "cuda":
-        free, device_bytes = torch.cuda.mem_get_info(device)
-        weight_bytes = device_bytes - free  # weights, CUDA context, anything already resident
-    elif byte_budget is None:
-        byte_budget = CPU_CACHE_BYTES
-    return BudgetInputs(
-        spec=spec, context_len=cfg.context_len or model.cfg.max_position_embeddings,
-        page_size=cfg.page_size, byte_budget=byte_budget, device_bytes=device_bytes,
-        mem_fraction=cfg.mem_fraction, weight_bytes=weight_bytes,
-        max_running_requests=cfg.max_running_requests, state_slots=cfg.state_slots,
-        extra_slots=cfg.extra_slots,
-        slots_per_request=3 if cfg.radix is RadixMode.KV_AND_STATE else 1,
-        max_pages=cfg.max_pages, label="engine")

@@ -2,10 +2,12 @@
 
     llm = LLM("tiny", kv_dtype="fp8", radix="kv_and_state")
     outs = llm.generate(["Hello", "Bonjour"], SamplingParams(max_new_tokens=16))
-    for chunk in llm.stream("Hello"): print(chunk.text, end="")
+    for index, out in llm.stream("Hello"): print(out.text_delta, end="")
 
-Engine options are ``EngineConfig`` fields. Prompts are text (encoded with the checkpoint's
-tokenizer) or token-id lists; one ``SamplingParams`` for all, or one per prompt.
+Engine options are ``EngineConfig`` fields; the engine is ``Engine.from_pretrained``. Prompts are
+text (encoded with the checkpoint's tokenizer) or token-id lists; one ``SamplingParams`` for all,
+or one per prompt. Text, stop strings and logprobs are the engine's ``RequestOutput`` records;
+this module only collects them.
 """
 
 from __future__ import annotations
@@ -14,15 +16,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
-from glmlab.checkpoint.loader import load_model
-from glmlab.checkpoint.presets_dir import resolve_model
-from glmlab.engine.config import ComputeDtype, EngineConfig
+from glmlab.core import RequestOutput, SamplingParams, TokenLogprob
+from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
-from glmlab.engine.sampler import SamplingParams
-from glmlab.tokenizer import Tokenizer
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
 Prompt = str | Sequence[int]
@@ -37,29 +35,18 @@ class Completion:
     finish_reason: str
     cached_tokens: int  # prompt tokens served from the radix tree
     num_preemptions: int
-
-
-@dataclass(frozen=True)
-class StreamChunk:
-    index: int
-    token_ids: tuple[int, ...]  # new tokens
-    text: str  # new text
-    finished: bool
-    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when asked
+    matched_stop: int | str | None = None
 
 
 class LLM:
     def __init__(self, model: str | Path = "tiny", tracer: Tracer = NULL_TRACER,
                  **engine_options):
-        self.cfg = EngineConfig(**engine_options)
-        path = resolve_model(str(model))
-        dtype = {ComputeDtype.BF16: torch.bfloat16, ComputeDtype.FP32: torch.float32}.get(
-            self.cfg.dtype, torch.bfloat16 if self.cfg.device.startswith("cuda") else torch.float32)
-        self.model = load_model(path, dtype=dtype, device=self.cfg.device)
-        self.model.use_backends(self.cfg.backends)
-        self.tokenizer = Tokenizer.from_dir(path, self.model.cfg.eos_token_ids)
-        self.engine = Engine(self.model, self.cfg, self.tokenizer.decode,
-                             self.tokenizer.eos_token_ids, tracer)
+        self.engine = Engine.from_pretrained(model, EngineConfig(**engine_options), tracer)
+        self.cfg, self.model, self.tokenizer = self.engine.cfg, self.engine.model, \
+            self.engine.tokenizer
+        if self.tokenizer is None:
+            raise FileNotFoundError(f"{model}: no tokenizer.json (LLM needs one)")
 
     def _add(self, prompts: Prompt | Sequence[Prompt],
              sampling: SamplingParams | Sequence[SamplingParams] | None) -> list[str]:
@@ -76,58 +63,56 @@ class LLM:
         except ValueError:
             for r in rids:
                 self.engine.abort(r)
+                self.engine.forget(r)
             raise
         return rids
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[Completion]:
-        rids = self._add(prompts, sampling)
-        todo = set(rids)
-        with tqdm(total=len(rids), desc="generate", disable=not use_tqdm) as bar:
-            while todo:
-                for out in self.engine.step():
-                    if out.finished and out.rid in todo:
-                        todo.discard(out.rid)
-                        bar.update(1)
-        return [self._completion(i, r) for i, r in enumerate(rids)]
-
     def stream(self, prompts: Prompt | Sequence[Prompt],
                sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-               ) -> Iterator[StreamChunk]:
-        """Yield new tokens and text per request as the engine produces them."""
+               ) -> Iterator[tuple[int, RequestOutput]]:
+        """(prompt index, the engine's record) per request and step, as they are produced."""
         rids = self._add(prompts, sampling)
         index = {r: i for i, r in enumerate(rids)}
-        texts = dict.fromkeys(rids, "")
         todo = set(rids)
         try:
             while todo:
                 for out in self.engine.step():
-                    if out.rid not in todo:
-                        continue
-                    text = self._text(out.rid)
-                    if text.endswith("\ufffd") and not out.finished:
-                        text = texts[out.rid]  # an incomplete UTF-8 sequence: wait for the rest
-                    delta, texts[out.rid] = text[len(texts[out.rid]):], text
-                    if out.finished:
-                        todo.discard(out.rid)
-                    reason = out.finish_reason.value if out.finish_reason else None
-                    yield StreamChunk(index[out.rid], out.new_token_ids, delta, out.finished,
-                                      reason)
+                    if out.rid in todo:
+                        if out.finished:
+                            todo.discard(out.rid)
+                        yield index[out.rid], out
         finally:  # a consumer that stops early must not leave requests holding the pools
             for r in todo:
                 self.engine.abort(r)
             for r in rids:
                 self.engine.forget(r)
 
-    def _text(self, rid: str) -> str:
-        req = self.engine.request(rid)
-        text = self.tokenizer.decode(req.output_ids)
-        return text[: text.index(req.stop_str)] if req.stop_str and req.stop_str in text else text
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[Completion]:
+        rids = self._add(prompts, sampling)
+        index = {r: i for i, r in enumerate(rids)}
+        texts, lps = [""] * len(rids), [[] for _ in rids]
+        done: dict[int, Completion] = {}
+        with tqdm(total=len(rids), desc="generate", disable=not use_tqdm) as bar:
+            while len(done) < len(rids):
+                for out in self.engine.step():
+                    i = index.get(out.rid)
+                    if i is None:
+                        continue
+                    texts[i] += out.text_delta
+                    lps[i].extend(out.logprobs or ())
+                    if out.finished:
+                        done[i] = self._completion(i, out, texts[i], lps[i])
+                        bar.update(1)
+        return [done[i] for i in range(len(rids))]
 
-    def _completion(self, index: int, rid: str) -> Completion:
-        req = self.engine.request(rid)
-        out = Completion(index, req.prompt_ids, req.output_ids, self._text(rid),
-                         req.finish_reason.value, req.cached_tokens, req.num_preemptions)
-        self.engine.forget(rid)
-        return out
+    def _completion(self, index: int, out: RequestOutput, text: str,
+                    logprobs: list[TokenLogprob]) -> Completion:
+        req = self.engine.request(out.rid)
+        asked = req.params.logprobs is not None
+        done = Completion(index, req.prompt_ids, req.output_ids, text, out.finish_reason.value,
+                          req.cached_tokens, req.num_preemptions, logprobs if asked else None,
+                          out.matched_stop)
+        self.engine.forget(out.rid)
+        return done

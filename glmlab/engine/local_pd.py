@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from glmlab.core import SamplingParams, Status
 from glmlab.engine.config import EngineConfig, RadixMode
 from glmlab.engine.engine import Engine
-from glmlab.engine.sampler import SamplingParams
-from glmlab.engine.types import Status
 from glmlab.model.glm import GLM5Model
 
 

@@ -13,7 +13,9 @@
    whole whatever its length; later ones wait for a step with room.
 
 ``update()`` advances every request by its entry, appends sampled tokens, finishes requests (stop
-token or string, EOS, max_new_tokens, context length) and hands their cache back.
+token, EOS, max_new_tokens, context length, or a stop string: ``stop_string(req, token)`` asks
+the engine's detokeniser about each new token) and hands their cache back. It returns each
+request that produced tokens with those tokens; the request carries its finish reason.
 
 With speculative decoding (``verify_width``), a decoding request the drafter is ready for becomes a
 ``VERIFY`` entry of that many tokens (pages grown to hold the whole window); its result is the list
@@ -28,12 +30,12 @@ until ``release_held``. The scheduler knows nothing about tensors or the model.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from glmlab.cache.hybrid import HybridCache
-from glmlab.engine.config import EngineConfig, RadixMode
-from glmlab.engine.types import Batch, Entry, FinishReason, Phase, Req, Status, StepOutput
+from glmlab.core import Batch, Entry, FinishReason, Phase, RadixMode, Req, Status
+from glmlab.engine.config import EngineConfig
 from glmlab.trace.events import RequestEvent
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
@@ -54,10 +56,11 @@ class _StepBudget:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, cache: HybridCache, max_running: int,
-                 detokenize=None, tracer: Tracer = NULL_TRACER,
-                 verify_width: Callable[[Req], int] | None = None):
+                 tracer: Tracer = NULL_TRACER,
+                 verify_width: Callable[[Req], int] | None = None,
+                 stop_string: Callable[[Req, int], str | None] | None = None):
         self.cfg, self.cache, self.max_running = cfg, cache, max_running
-        self.detokenize, self.tracer = detokenize, tracer
+        self.tracer, self.stop_string = tracer, stop_string
         # speculative decoding: tokens a decoding request verifies this step (0 = plain decode)
         self.verify_width = verify_width
         self.page_size = cache.page_size
@@ -181,33 +184,35 @@ class Scheduler:
         self.tracer.emit(RequestEvent.now("preempt", req.rid, self.num_steps))
 
     # ------------------------------------------------------------------ update
-    def update(self, batch: Batch, tokens: list) -> list[StepOutput]:
-        """``tokens``: one item per sampling entry, a token, or for a VERIFY entry the tokens it
-        emitted (accepted drafts, then the bonus token)."""
+    def update(self, batch: Batch, tokens: Sequence[Sequence[int]]
+               ) -> list[tuple[Req, tuple[int, ...]]]:
+        """``tokens``: per sampling entry its token, or for a VERIFY entry the tokens it emitted
+        (accepted drafts, then the bonus token). Returns (request, its new tokens) for each."""
         outs, sampled = [], iter(tokens)
         for e in batch.entries:
             req = e.req
-            token = next(sampled) if e.samples else None
+            emitted = next(sampled) if e.samples else None
             if e.phase is Phase.VERIFY:
-                outs.append(self._update_verify(req, token))
+                outs.append(self._update_verify(req, emitted))
                 continue
             req.computed_len += e.num_tokens
             if e.phase is Phase.PREFILL and req.computed_len % self.page_size == 0:
                 self.cache.commit(req.cache, req.token_ids, req.computed_len, checkpoint=True)
-            if token is None:
+            if emitted is None:
                 continue
+            (token,) = emitted
             req.token_ids.append(token)
             reason = self._finish_reason(req)
             if reason is None and req.hold_after_prefill:
                 reason = FinishReason.PREFILLED
-            outs.append(StepOutput(req.rid, (token,), reason is not None, reason, req.stop_str))
+            outs.append((req, (token,)))
             if reason is FinishReason.PREFILLED:
                 self._park_held(req)
             elif reason is not None:
                 self._finish(req, reason)
         return outs
 
-    def _update_verify(self, req: Req, emitted: list[int]) -> StepOutput:
+    def _update_verify(self, req: Req, emitted: Sequence[int]) -> tuple[Req, tuple[int, ...]]:
         """The window's anchor and accepted drafts are now computed; a stop token or the length
         limit among the emitted tokens cuts the rest off."""
         new, reason = [], None
@@ -218,20 +223,16 @@ class Scheduler:
             reason = self._finish_reason(req)
             if reason is not None:
                 break
-        out = StepOutput(req.rid, tuple(new), reason is not None, reason, req.stop_str)
         if reason is not None:
             self._finish(req, reason)
-        return out
+        return req, tuple(new)
 
     def _finish_reason(self, req: Req) -> FinishReason | None:
-        if req.token_ids[-1] in req.stop_ids:
+        token = req.token_ids[-1]
+        text_stop = self.stop_string(req, token) if self.stop_string is not None else None
+        if token in req.stop_ids or text_stop is not None:
+            req.matched_stop = token if token in req.stop_ids else text_stop
             return FinishReason.STOP
-        if req.params.stop and self.detokenize is not None:
-            text = self.detokenize(req.output_ids)
-            hit = [s for s in req.params.stop if s in text]
-            if hit:
-                req.stop_str = min(hit, key=text.index)
-                return FinishReason.STOP
         if len(req.token_ids) >= req.max_len:
             return FinishReason.LENGTH
         return None
@@ -248,11 +249,11 @@ class Scheduler:
 
     def _park_held(self, req: Req) -> None:
         self.running.remove(req)
-        req.status = Status.HELD
+        req.status, req.finish_reason = Status.HELD, FinishReason.PREFILLED
         self.parked[req.rid] = req
 
     # ------------------------------------------------------------------ outside events
-    def abort(self, rid: str) -> StepOutput | None:
+    def abort(self, rid: str) -> Req | None:
         req = self.parked.get(rid) or next((r for r in (*self.running, *self.waiting)
                                             if r.rid == rid), None)
         if req is None:
@@ -260,9 +261,9 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         self._finish(req, FinishReason.ABORT)
-        return StepOutput(rid, (), True, FinishReason.ABORT)
+        return req
 
-    def complete_import(self, rid: str, first_token: int) -> StepOutput:
+    def complete_import(self, rid: str, first_token: int) -> Req:
         """The imported content of ``rid`` is in the cache; it decodes from ``first_token``."""
         req = self.parked.get(rid)
         if req is None or req.status is not Status.AWAITING_IMPORT:
@@ -278,7 +279,7 @@ class Scheduler:
         else:
             req.status = Status.RUNNING
             self.running.append(req)
-        return StepOutput(rid, (first_token,), reason is not None, reason, req.stop_str)
+        return req
 
     def release_held(self, rid: str) -> None:
         req = self.parked.get(rid)

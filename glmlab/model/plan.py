@@ -11,10 +11,13 @@ Where things live:
   ``state_slots[i]``.
 
 The plan holds no model tensors and is never mutated; every layer reads the same plan.
+``StepPlan`` wraps it with the input ids, the rows whose logits are wanted and the layers to
+capture: what one forward call takes (``glmlab.model.session.run_step``); ``StepResult`` is what
+it returns.
 
-A speculative *verify* step carries a ``VerifyRecorder`` (``glmlab.speculative.commit``): the KDA and DSA
-layers hand it the per-step inputs of their carried state and leave the committed KDA state
-untouched, so the state can later be committed to whatever prefix of the window was accepted.
+A speculative *verify* step carries a ``VerifyRecorder`` (``glmlab.speculative.commit``): the
+KDA and DSA layers hand it the per-step inputs of their carried state and leave the committed KDA
+state untouched, so the state can later be committed to whatever prefix of the window was accepted.
 """
 
 from __future__ import annotations
@@ -102,3 +105,21 @@ class ForwardPlan:
     def last_token_rows(self) -> torch.Tensor:
         """Row of each sequence's last new token (where next-token logits are read)."""
         return self.cu_seqlens[1:] - 1
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One forward of the model: the flat input ids, their ``ForwardPlan``, which rows' logits to
+    compute and which layers' outputs to capture (a speculative drafter reads them)."""
+
+    input_ids: torch.Tensor  # [T] int64
+    forward: ForwardPlan
+    logit_rows: torch.Tensor | None = None  # rows whose logits are read; None: every row
+    capture_layers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepResult:
+    hidden: torch.Tensor  # [T, D] final normalised hidden states of every row
+    features: torch.Tensor  # [T, F] captured layer outputs, concatenated (F = 0 without capture)
+    logits: torch.Tensor  # [R, V] fp32 logits of ``logit_rows``

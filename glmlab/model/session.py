@@ -4,6 +4,9 @@
 then lets you feed tokens to any subset of them (a whole prompt, a chunk, or one token each) and
 read the final hidden states. It is what notebooks and reference tests use to drive the model
 directly; the serving engine replaces the fixed layout with real page/slot pools and scheduling.
+
+``run_step`` is the one way a ``StepPlan`` runs through the model (the session, the engine's
+``ModelRunner.forward`` and speculative cycles all call it).
 """
 
 from __future__ import annotations
@@ -11,9 +14,20 @@ from __future__ import annotations
 import torch
 
 from glmlab.cache.storage import CacheDtypes, ModelCache
-from glmlab.engine.sampler import SamplingParams, make_generator, sample
+from glmlab.core import SamplingParams, make_generator, sample
 from glmlab.model.glm import GLM5Model
-from glmlab.model.plan import ForwardPlan
+from glmlab.model.plan import ForwardPlan, StepPlan, StepResult
+
+
+@torch.inference_mode()
+def run_step(model: GLM5Model, cache: ModelCache, plan: StepPlan) -> StepResult:
+    """The model over ``plan``: hidden states of every row, captured features, fp32 logits of
+    ``plan.logit_rows`` (every row when None)."""
+    hidden, captured = model(plan.input_ids, plan.forward, cache,
+                             capture_layers=plan.capture_layers)
+    features = torch.cat(captured, dim=-1) if captured else hidden[:, :0]
+    rows = hidden if plan.logit_rows is None else hidden[plan.logit_rows]
+    return StepResult(hidden, features, model.logits(rows))
 
 
 class Session:

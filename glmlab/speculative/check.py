@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.glm import GLM5Model
 from glmlab.model.session import Session
 from glmlab.speculative.config import SpecConfig

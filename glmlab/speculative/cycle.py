@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from glmlab.engine.sampler import make_generator, sample
+from glmlab.core import make_generator, sample
 from glmlab.model.glm import GLM5Model
-from glmlab.model.plan import ForwardPlan
+from glmlab.model.plan import ForwardPlan, StepPlan, StepResult
 from glmlab.speculative.commit import SpecStateStore
 from glmlab.speculative.replay import CommitMode
 from glmlab.speculative.sim import SimulatedAcceptance
@@ -56,6 +56,7 @@ class CycleResult:
     emitted: list[list[int]]  # per request: the accepted drafts, then the bonus token
     stats: CycleStats  # draft / verify / commit times ("rest" is the caller's)
     timer: PhaseTimer
+    logits: torch.Tensor  # [N, D, V] fp32 target logits over each window (row j: token j+1)
 
 
 class PhaseTimer:
@@ -95,11 +96,10 @@ class SpecDecoder:
     def width(self) -> int:
         return self.drafter.width
 
-    def forward(self, ids: torch.Tensor, plan: ForwardPlan):
-        hidden, captured = self.model(ids, plan, self.layout.cache,
-                                      capture_layers=self.drafter.capture_layers)
-        feats = torch.cat(captured, dim=-1) if captured else hidden[:, :0]
-        return hidden, feats
+    def forward(self, ids: torch.Tensor, plan: ForwardPlan,
+                logit_rows: torch.Tensor | None = None) -> StepResult:
+        """A target step through the layout's forward, capturing the drafter's layers."""
+        return self.layout.forward(StepPlan(ids, plan, logit_rows, self.drafter.capture_layers))
 
     @torch.inference_mode()
     def start(self, reqs: list[SpecRequest], prompts: list[list[int]]) -> None:
@@ -108,8 +108,8 @@ class SpecDecoder:
             raise ValueError("a prompt is empty")
         plan = self.layout.plan([r.row for r in reqs], [len(p) for p in prompts], [0] * len(reqs))
         ids = torch.tensor([t for p in prompts for t in p], device=self.device)
-        hidden, feats = self.forward(ids, plan)
-        logits = self.model.logits(hidden[plan.last_token_rows()])
+        res = self.forward(ids, plan, plan.last_token_rows())
+        hidden, feats, logits = res.hidden, res.features, res.logits
         firsts = []
         for r, p, row in zip(reqs, prompts, logits, strict=True):
             if r.generator is None:
@@ -142,8 +142,8 @@ class SpecDecoder:
         window = torch.cat([anchors[:, None], proposal.tokens], dim=1)  # [N, D]
         rows = [r.row for r in reqs]
         plan = self.layout.plan(rows, [d] * n, [r.committed for r in reqs], verify=self.store)
-        hidden, feats = self.forward(window.flatten(), plan)
-        logits = self.model.logits(hidden).view(n, d, -1)
+        res = self.forward(window.flatten(), plan)
+        hidden, feats, logits = res.hidden, res.features, res.logits.view(n, d, -1)
         if self.simulate is not None:
             acc = self.simulate.accept(logits, proposal.tokens)
         else:
@@ -163,7 +163,7 @@ class SpecDecoder:
         timer.mark("commit")
         stats = CycleStats(tuple(lens), {p: timer.times.get(p, 0.0) for p in PHASES},
                            simulated=self.simulate is not None)
-        return CycleResult(emitted, stats, timer)
+        return CycleResult(emitted, stats, timer, logits)
 
     def step(self, reqs: list[SpecRequest]) -> CycleStats | None:
         """One cycle for the unfinished requests of ``reqs``, then their bookkeeping."""

@@ -1,9 +1,9 @@
 """Draft-model K/V for DFlash2, one row per *target* token slot, in BF16 or FP8.
 
 DFlash2's draft layers never run over context tokens: the K/V of every committed position is a
-projection of the target's hidden features there (``glmlab.speculative.dflash``), written at the same
-token slot the target uses, so the draft KV needs no allocator of its own: whoever owns a target
-slot owns its draft row, and freeing the page frees both (docs/techniques.md section 1.2).
+projection of the target's hidden features there (``glmlab.speculative.dflash``), written at the
+same token slot the target uses, so the draft KV needs no allocator of its own: whoever owns a
+target slot owns its draft row, and freeing the page frees both (docs/techniques.md section 1.2).
 
 Layouts per draft layer (HKV kv heads of Dh channels):
 - ``bf16``: K and V ``[slots, HKV, Dh]`` bf16, 2 * HKV * Dh * 2 bytes per token;

@@ -7,10 +7,13 @@ before. ``SpecPhase.execute(batch)`` returns what the scheduler's ``update`` con
 sampling entry: a token for plain entries, the emitted tokens (accepted drafts + bonus) for
 verify entries, so requests with different accept lengths advance in one batch.
 
-- Plain entries run one forward (capturing the drafter's target layers); the drafter then learns
-  their positions (MTP draft-extend / DFlash2 draft-KV projection), so a prompt is drafter-ready
-  when its prefill ends.
-- Verify entries run ``SpecDecoder.cycle``: draft -> verify -> accept -> commit.
+- Plain entries run one forward (capturing the drafter's target layers) and are sampled by the
+  engine's ``ModelRunner`` (``plan``, ``forward``, ``sample``: the same calls as without
+  speculation); the drafter then learns their positions (MTP draft-extend / DFlash2 draft-KV
+  projection), so a prompt is drafter-ready when its prefill ends.
+- Verify entries run ``SpecDecoder.cycle``: draft -> verify -> accept -> commit, its plans and its
+  target forward through the same runner (``EngineLayout``). Logprobs of emitted tokens come
+  from the verify logits (the target's distribution at each position).
 - Each speculating request holds one row of the verify-state store (``SpecStateStore``), taken on
   its first cycle; rows, drafter state and "learned" marks of requests that are no longer running
   (finished, aborted, preempted) are returned at the next step (``sync``) or at once by ``release``.
@@ -22,17 +25,17 @@ verify entries, so requests with different accept lengths advance in one batch.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import time
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from glmlab.cache.budget import BudgetInputs, plan_budget
 from glmlab.cache.hybrid import HybridCache
-from glmlab.engine.sampler import sample_batch
-from glmlab.engine.types import Batch, Entry, Phase, Req
+from glmlab.core import Batch, Entry, Phase, Req, Sampled, token_logprobs
 from glmlab.model.glm import GLM5Model
-from glmlab.model.plan import ForwardPlan, VerifyRecorder
+from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
 from glmlab.speculative.commit import SpecStateStore
 from glmlab.speculative.config import SpecConfig
 from glmlab.speculative.cycle import PHASES, CycleStats
@@ -46,12 +49,33 @@ from glmlab.trace.events import CycleEvent
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
 
-class EngineLayout:
-    """``CacheLayout`` over the engine's pools: rows are state slots, pages come from leases."""
+class StepRunner(Protocol):
+    """What the phase needs of the engine's ``ModelRunner`` (the same plans, forward, sampler)."""
 
-    def __init__(self, hybrid: HybridCache, device: torch.device):
-        self.hybrid, self.cache, self.device = hybrid, hybrid.storage, device
-        self.page_size = hybrid.page_size
+    model: GLM5Model
+    cache: HybridCache
+    device: torch.device
+
+    def plan(self, entries: Sequence[Entry], capture_layers: tuple[int, ...] = ()
+             ) -> StepPlan: ...
+
+    def forward_plan(self, pages: Sequence[Sequence[int]], seq_lens: Sequence[int],
+                     cache_lens: Sequence[int], slots: Sequence[int],
+                     verify: VerifyRecorder | None = None) -> ForwardPlan: ...
+
+    def forward(self, plan: StepPlan) -> StepResult: ...
+
+    def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]: ...
+
+
+class EngineLayout:
+    """``CacheLayout`` over the engine's pools: rows are state slots, pages come from leases;
+    plans and forwards are the runner's."""
+
+    def __init__(self, runner: StepRunner):
+        self.runner, self.hybrid = runner, runner.cache
+        self.cache, self.device = runner.cache.storage, runner.device
+        self.page_size = self.hybrid.page_size
         self._pages: dict[int, list[int]] = {}  # state slot -> the lease's (live) page list
 
     def track(self, req: Req) -> None:
@@ -59,17 +83,11 @@ class EngineLayout:
 
     def plan(self, rows: list[int], seq_lens: list[int], cache_lens: list[int],
              verify: VerifyRecorder | None = None) -> ForwardPlan:
-        need = [self.hybrid.pages_for(c + n) for n, c in zip(seq_lens, cache_lens, strict=True)]
-        width = max(need)
-        table = []
-        for r, k in zip(rows, need, strict=True):
-            pages = self._pages[r][:k]
-            if len(pages) < k:
-                raise ValueError(f"state slot {r}: {k} pages needed, the lease holds {len(pages)}")
-            table.append(pages + [0] * (width - k))  # page 0 is the pools' scratch page
-        return ForwardPlan.build(seq_lens, cache_lens, rows,
-                                 torch.tensor(table, dtype=torch.long, device=self.device),
-                                 self.page_size, verify=verify)
+        return self.runner.forward_plan([self._pages[r] for r in rows], seq_lens, cache_lens,
+                                        rows, verify)
+
+    def forward(self, plan: StepPlan) -> StepResult:
+        return self.runner.forward(plan)
 
     def token_slots(self, row: int, start: int, end: int) -> torch.Tensor:
         s = self.page_size
@@ -93,26 +111,26 @@ def load_spec_draft(model: GLM5Model, spec: SpecConfig, tokenizer=None) -> DFlas
 def spec_budget(inputs: BudgetInputs, model: GLM5Model, spec: SpecConfig,
                 draft: DFlashDraftModel | None, state_dtype: torch.dtype) -> BudgetInputs:
     """Charge draft KV per token slot and one verify-state row per running request (+1)."""
-    cache_spec = inputs.spec
+    footprint = inputs.footprint
     if draft is not None:
         c = draft.cfg
         layout = DraftKVLayout(c.num_layers, c.num_kv_heads, c.head_dim, spec.draft_kv_dtype)
-        cache_spec = dataclasses.replace(cache_spec, draft_bytes_per_token=layout.bytes_per_token)
+        footprint = dataclasses.replace(footprint, draft_bytes_per_token=layout.bytes_per_token)
     per_row = SpecStateStore.bytes_per_slot(model.cfg, spec.width, CommitMode(spec.commit),
                                             model.dtype, state_dtype)["total"]
-    first = plan_budget(dataclasses.replace(inputs, spec=cache_spec))
+    first = plan_budget(dataclasses.replace(inputs, footprint=footprint))
     rows = first.max_running_requests + 1  # the second pass can only lower the request count
-    return dataclasses.replace(inputs, spec=cache_spec, spec_slots=rows,
+    return dataclasses.replace(inputs, footprint=footprint, spec_slots=rows,
                                spec_bytes_per_slot=per_row)
 
 
 class SpecPhase:
-    def __init__(self, model: GLM5Model, hybrid: HybridCache, spec: SpecConfig, num_rows: int,
+    def __init__(self, runner: StepRunner, spec: SpecConfig, num_rows: int,
                  draft: DFlashDraftModel | None = None, seed: int = 0,
                  tracer: Tracer = NULL_TRACER):
-        self.model, self.spec, self.tracer = model, spec, tracer
-        self.layout = EngineLayout(hybrid, model.embed_tokens.weight.device)
-        self.decoder = make_decoder(model, self.layout, spec, draft=draft, seed=seed,
+        self.runner, self.model, self.spec, self.tracer = runner, runner.model, spec, tracer
+        self.layout = EngineLayout(runner)
+        self.decoder = make_decoder(self.model, self.layout, spec, draft=draft, seed=seed,
                                     store_rows=num_rows)
         self.store = self.decoder.store
         self.free_rows = list(range(num_rows))[::-1]
@@ -132,10 +150,10 @@ class SpecPhase:
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()
-    def execute(self, batch: Batch, running: list[Req]) -> list:
-        """One item per sampling entry of ``batch``: a token, or a verify entry's token list."""
+    def execute(self, batch: Batch, running: list[Req]) -> list[Sampled]:
+        """One item per sampling entry of ``batch``: its token, or a verify entry's tokens."""
         self.sync(running)
-        out: dict[int, object] = {}
+        out: dict[int, Sampled] = {}
         plain = [e for e in batch.entries if e.phase is not Phase.VERIFY]
         verify = [e for e in batch.entries if e.phase is Phase.VERIFY]
         if plain:
@@ -144,25 +162,18 @@ class SpecPhase:
             out.update(self._verify(verify, batch.step))
         return [out[id(e)] for e in batch.entries if e.samples]
 
-    def _plain(self, entries: list[Entry]) -> dict[int, int]:
+    def _plain(self, entries: list[Entry]) -> dict[int, Sampled]:
         for e in entries:
             self._track(e.req)
             if e.phase is Phase.PREFILL and e.start != self.learned.get(e.req.rid):
                 self.learned[e.req.rid] = e.start  # a new prompt, a recompute or a prefix hit
-        rows = [e.req.cache.slot for e in entries]
-        plan = self.layout.plan(rows, [e.num_tokens for e in entries], [e.start for e in entries])
-        ids = [t for e in entries for t in e.req.token_ids[e.start:e.start + e.num_tokens]]
-        hidden, feats = self.decoder.forward(torch.tensor(ids, device=self.layout.device), plan)
+        plan = self.runner.plan(entries, capture_layers=self.decoder.drafter.capture_layers)
+        result = self.runner.forward(plan)
         sampled = [e for e in entries if e.samples]
-        tokens = []
-        if sampled:
-            ends = list(itertools.accumulate(e.num_tokens for e in entries))
-            last = [ends[i] - 1 for i, e in enumerate(entries) if e.samples]
-            logits = self.model.logits(hidden[torch.tensor(last, device=hidden.device)])
-            tokens = sample_batch(logits, [e.req.params for e in sampled],
-                                  [e.req.generator for e in sampled])
-        by_entry = dict(zip((id(e) for e in sampled), tokens, strict=True))
-        self._learn(entries, hidden, feats, by_entry)
+        picks = self.runner.sample([e.req for e in sampled], result.logits) if sampled else []
+        by_entry = dict(zip((id(e) for e in sampled), picks, strict=True))
+        self._learn(entries, result.hidden, result.features,
+                    {k: s.tokens[0] for k, s in by_entry.items()})
         return by_entry
 
     def _learn(self, entries: list[Entry], hidden, feats, sampled: dict[int, int]) -> None:
@@ -187,7 +198,7 @@ class SpecPhase:
         if keep:
             self.decoder.drafter.extend(keep, TargetStates(pos, hs, fs, toks, nxt))
 
-    def _verify(self, entries: list[Entry], step: int) -> dict[int, list[int]]:
+    def _verify(self, entries: list[Entry], step: int) -> dict[int, Sampled]:
         start, start_ns = time.perf_counter(), time.perf_counter_ns()
         reqs = []
         for e in entries:
@@ -209,7 +220,13 @@ class SpecPhase:
             t = end
         self.tracer.emit(CycleEvent(step, start_ns, tuple(bounds), result.stats.commit_lens,
                                     result.stats.simulated))
-        return {id(e): toks for e, toks in zip(entries, result.emitted, strict=True)}
+        out = {}
+        for i, (e, toks) in enumerate(zip(entries, result.emitted, strict=True)):
+            k = e.req.params.logprobs
+            lps = None if k is None else tuple(
+                token_logprobs(result.logits[i, :len(toks)], toks, k))
+            out[id(e)] = Sampled(tuple(toks), lps)
+        return out
 
     # ------------------------------------------------------------------ rows and clean-up
     def _track(self, req: Req) -> None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from glmlab.model.plan import ForwardPlan, VerifyRecorder
-from glmlab.model.session import Session
+from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
+from glmlab.model.session import Session, run_step
 
 
 class SessionLayout:
@@ -27,6 +27,9 @@ class SessionLayout:
         s = self.session
         return ForwardPlan.build(seq_lens, cache_lens, rows, s.page_table[rows], s.page_size,
                                  verify=verify)
+
+    def forward(self, plan: StepPlan) -> StepResult:
+        return run_step(self.session.model, self.cache, plan)
 
     def token_slots(self, row: int, start: int, end: int) -> torch.Tensor:
         s = self.session

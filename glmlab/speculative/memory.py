@@ -3,8 +3,8 @@
 - Per state slot (every request that may verify): the conv window and indexer rows (both modes),
   plus the KDA recurrence record, which is where the modes differ: SNAPSHOT keeps D post-step
   states (D x H x K x V each), REPLAY keeps D x H x (K + V + K + 1) step inputs. Tensor parallelism
-  shards the KDA heads (state, ring and conv channels) over ``tp`` ranks, as ``glmlab.cache.spec``
-  does for the state itself.
+  shards the KDA heads (state, ring and conv channels) over ``tp`` ranks, as
+  ``glmlab.cache.footprint`` does for the state itself.
 - Per token slot (DFlash2): draft K/V rows, BF16 or FP8 (``glmlab.speculative.draft_kv``).
 
 ``fp8_draft_kv_saving`` answers the seed's open question "what would FP8 draft KV free?" from a

@@ -1,8 +1,9 @@
 """The checkpoint's MTP layer as a chain drafter: top-k 1, S serial steps, verify width S + 1.
 
 The MTP layer predicts token t+2 from the target's final hidden state at t and the token at t+1
-(docs/model.md section 2.8); its DSA cache row t holds that pair. With n committed tokens and the anchor
-a = token n (sampled, not yet in the target cache), one cycle is (sglang's EAGLE worker, top-k 1):
+(docs/model.md section 2.8); its DSA cache row t holds that pair. With n committed tokens and the
+anchor a = token n (sampled, not yet in the target cache), one cycle is (sglang's EAGLE worker,
+top-k 1):
 
     draft-extend (end of the last cycle): MTP rows over the newly committed positions, inputs
         (h_t, token_{t+1}); the last row is (h_{n-1}, a), whose output m_{n-1} gives d_1;

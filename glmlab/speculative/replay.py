@@ -15,7 +15,8 @@ after ``commit_len`` steps (docs/techniques.md section 2):
 Both hold what the recurrence consumes: k already L2-normalised in fp32 (glmlab normalises in the
 layer; sglang keeps pre-norm k in the activation dtype because its kernel fuses the norm), g in
 fp32, v and beta in the activation dtype. The classes own buffers indexed by state slot and know
-nothing about conv state, indexer tails or which request owns a slot (``glmlab.speculative.commit``).
+nothing about conv state, indexer tails or which request owns a slot
+(``glmlab.speculative.commit``).
 """
 
 from __future__ import annotations

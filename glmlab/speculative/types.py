@@ -5,8 +5,9 @@
 - ``TargetStates``: the target rows a drafter learns from after a forward (prefill or a commit):
   per request the committed positions' final hidden states and captured layer features, the token
   at each position and the token that follows it.
-- ``CacheLayout``: where a request's rows live (plans, token slots). ``SessionLayout`` serves a
-  ``Session``; the engine provides its own over the real pools.
+- ``CacheLayout``: where a request's rows live (plans, token slots) and how a target step runs.
+  ``SessionLayout`` serves a ``Session``; the engine's runs every step through its
+  ``ModelRunner`` (``glmlab.speculative.engine_phase``).
 - ``Drafter``: ``extend`` (learn committed positions: MTP's draft-extend, DFlash2's KV projection),
   ``propose``, ``release``.
 """
@@ -19,8 +20,8 @@ from typing import Protocol
 import torch
 
 from glmlab.cache.storage import ModelCache
-from glmlab.engine.sampler import SamplingParams
-from glmlab.model.plan import ForwardPlan, VerifyRecorder
+from glmlab.core import SamplingParams
+from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
 
 
 @dataclass
@@ -54,6 +55,8 @@ class CacheLayout(Protocol):
 
     def plan(self, rows: list[int], seq_lens: list[int], cache_lens: list[int],
              verify: VerifyRecorder | None = None) -> ForwardPlan: ...
+
+    def forward(self, plan: StepPlan) -> StepResult: ...
 
     def token_slots(self, row: int, start: int, end: int) -> torch.Tensor: ...
 

@@ -16,7 +16,7 @@ included) is ``accept_lens + 1``; the seed's "acceptance length" is its mean.
   acceptance is p(d) and the residual is p without d (sglang's target-only chain sampling). Either
   way the emitted tokens are distributed exactly as sampling the target token by token (tested).
 
-Target probabilities come from ``glmlab.engine.sampler.filtered_probs`` (temperature, top-k, top-p),
+Target probabilities come from ``glmlab.core.filtered_probs`` (temperature, top-k, top-p),
 so a request's sampling parameters mean the same thing with and without speculation. This module
 knows nothing about drafters, caches or requests beyond these tensors.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glmlab.engine.sampler import SamplingParams, filtered_probs
+from glmlab.core import SamplingParams, filtered_probs
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from glmlab.checkpoint.loader import load_model
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.dsa import DSAttention
 from glmlab.model.glm import GLM5Model
 from glmlab.model.session import Session

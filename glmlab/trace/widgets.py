@@ -18,7 +18,7 @@ from IPython.display import HTML, display
 
 from glmlab.cache.budget import GIB, Budget, BudgetError, BudgetInputs, plan_budget
 from glmlab.cache.budget_report import budget_rows, seed_comparison_rows
-from glmlab.cache.spec import CacheSpec
+from glmlab.cache.footprint import CacheFootprint
 from glmlab.cache.storage import CacheDtypes
 from glmlab.presets import preset_config
 from glmlab.speculative.costs import SEED
@@ -92,12 +92,12 @@ class BudgetExplorer:
         v = {k: w.value for k, w in self.controls.items()}
         dtypes = CacheDtypes(latent=_DT[v["kv_dtype"]], pool_keys=torch.float8_e4m3fn,
                              recurrent=_DT[v["state_dtype"]])
-        spec = CacheSpec.of(self.cfg, dtypes, tp=v["tp"])
+        spec = CacheFootprint.of(self.cfg, dtypes, tp=v["tp"])
         if self.base is not None:  # keep e.g. the seed's draft-KV bytes
-            draft = self.base.spec.draft_bytes_per_token
+            draft = self.base.footprint.draft_bytes_per_token
             spec = dataclasses.replace(spec, draft_bytes_per_token=draft)
         return BudgetInputs(
-            spec=spec, context_len=v["context_len"], byte_budget=int(v["pool_gib"] * GIB),
+            footprint=spec, context_len=v["context_len"], byte_budget=int(v["pool_gib"] * GIB),
             max_running_requests=v["max_running_requests"], extra_slots=v["extra_slots"],
             slots_per_request=v["slots_per_request"], spec_slots=v["spec_slots"],
             spec_bytes_per_slot=self.base.spec_bytes_per_slot if self.base else 0,

@@ -23,10 +23,11 @@ def _gib(x: int) -> float:
 
 def test_seed_baseline_fp32_state_and_bf16_kv():
     b = plan_budget(seed_baseline())
-    assert b.inputs.spec.kda_state_bytes_per_slot == 36_904_960  # 34 x (16x128x128x4 + 3x6144x2)
+    # 34 x (16x128x128x4 + 3x6144x2)
+    assert b.inputs.footprint.kda_state_bytes_per_slot == 36_904_960
     assert b.num_state_slots == 57 and _gib(b.state_bytes) == 1.96
     assert abs(b.kv_bytes / GIB - 46.72) < 0.01
-    assert b.inputs.spec.kv_bytes_per_token == 11 * (1024 + 33)
+    assert b.inputs.footprint.kv_bytes_per_token == 11 * (1024 + 33)
     assert b.max_running_requests == 56
     caps = {c.kind: c.value for c in b.caps}
     assert caps == {"requested": 56, "state-bound": 56, "KV-bound": 64}
@@ -35,9 +36,9 @@ def test_seed_baseline_fp32_state_and_bf16_kv():
 
 def test_seed_final_bf16_state_fp8_kv_draft_kv_and_sharing():
     b = plan_budget(seed_final())
-    assert b.inputs.spec.kda_state_bytes_per_slot == 19_079_168  # BF16 halves the recurrent state
+    assert b.inputs.footprint.kda_state_bytes_per_slot == 19_079_168  # BF16 halves the state
     assert b.num_state_slots == 415 and _gib(b.state_bytes) == 7.37
-    assert b.inputs.spec.kv_bytes_per_token == 11 * (528 + 33)
+    assert b.inputs.footprint.kv_bytes_per_token == 11 * (528 + 33)
     assert abs(b.kv_bytes / GIB - 14.00) < 0.02 and abs(b.draft_kv_bytes / GIB - 11.96) < 0.02
     caps = {c.kind: c.value for c in b.caps}
     assert caps["state-bound"] == 414 // 3 - 6 == 132 == b.max_running_requests
@@ -64,7 +65,7 @@ def test_auto_sizing_fits_full_context_requests_and_states():
     b = plan_budget(x)
     caps = {c.kind: c.value for c in b.caps}
     assert b.max_running_requests == caps["state-bound"] == caps["KV-bound"] == 64
-    per_request = 1040 * 64 * x.spec.kv_bytes_per_token + x.spec.state_bytes_per_slot
+    per_request = 1040 * 64 * x.footprint.kv_bytes_per_token + x.footprint.state_bytes_per_slot
     assert b.pool_bytes < 65 * per_request  # a 65th full-context request would not fit
 
 

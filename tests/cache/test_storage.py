@@ -1,13 +1,13 @@
 """Cache storage: FP8 formats (the DSA kernels' byte layouts), draft-KV rows, regions, copies, and
-byte counts that agree with the budget's ``CacheSpec``."""
+byte counts that agree with the budget's ``CacheFootprint``."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from glmlab.cache.spec import CacheSpec
-from glmlab.cache.storage import CacheDtypes, DraftKVSpec, ModelCache
+from glmlab.cache.footprint import CacheFootprint
+from glmlab.cache.storage import CacheDtypes, ModelCache
 from glmlab.kernels.dsa.layout import FP8_SCALED_512
 from glmlab.kernels.dsa.ref import quantize_pool_keys_ref
 from glmlab.presets import preset_config
@@ -27,7 +27,7 @@ def test_full_fp8_bytes_per_token_match_the_seed_layout():
     assert cache.latent[cfg.dsa_layers[0]].shape[1] == FP8_SCALED_512.bytes_per_token == 528
     assert cache.index_bytes_per_token() == 11 * (128 + 4) / 4  # 33 B per token per layer
     assert cache.bytes_per_token() == 11 * 561 == 6171  # docs/model.md section 3
-    spec = CacheSpec.of(cfg, dt, tp=4)
+    spec = CacheFootprint.of(cfg, dt, tp=4)
     assert spec.kv_bytes_per_token == 6171  # latent and keys are not sharded by TP
     assert spec.kda_state_bytes_per_slot == 34 * (16 * 128 * 128 * 4 + 3 * 3 * 2048 * 2)
 
@@ -38,7 +38,7 @@ def test_full_fp8_bytes_per_token_match_the_seed_layout():
 def test_spec_agrees_with_allocated_storage(tiny_cfg, latent, keys):
     dt = CacheDtypes(latent=latent, pool_keys=keys, recurrent=torch.bfloat16)
     cache = ModelCache(tiny_cfg, 128, 3, dtypes=dt, with_mtp=True)
-    spec = CacheSpec.of(tiny_cfg, dt, with_mtp=True)
+    spec = CacheFootprint.of(tiny_cfg, dt, with_mtp=True)
     assert spec.kv_bytes_per_token == cache.bytes_per_token()
     assert spec.state_bytes_per_slot == cache.state_bytes_per_slot()
     assert spec.num_dsa_layers == 2  # the DSA layer and the MTP layer
@@ -68,19 +68,6 @@ def test_fp8_pool_keys_use_one_scale_per_key(tiny_cfg):
     assert torch.equal(cache.read_pool_keys(layer, torch.tensor([0, 5, 15]), torch.float32),
                        q.float() * s[:, None])
     assert torch.equal(cache.pool_key_scales[layer][torch.tensor([0, 5, 15])], s)
-
-
-def test_draft_kv_rows_share_target_slots(tiny_cfg):
-    draft = DraftKVSpec(num_layers=2, width=24, dtype=torch.bfloat16)
-    cache = ModelCache(tiny_cfg, 128, 2, draft=draft)
-    assert cache.draft_bytes_per_token() == draft.bytes_per_token() == 2 * 24 * 2
-    assert draft.bytes_per_token(tp=4) == 24
-    rows = torch.randn(3, 24)
-    cache.write_draft_kv(1, torch.tensor([1, 64, 127]), rows)
-    assert torch.equal(cache.read_draft_kv(1, torch.tensor([1, 64, 127]), torch.float32),
-                       rows.to(torch.bfloat16).float())
-    assert {n for n, (_, unit) in cache.regions().items() if unit == "token"} >= {
-        "draft_kv.0", "draft_kv.1"}
 
 
 def test_copy_from_moves_whole_pages_and_one_state_slot(tiny_cfg):

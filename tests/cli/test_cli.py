@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from glmlab.checkpoint.loader import load_model
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.session import Session
 
 

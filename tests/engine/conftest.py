@@ -28,9 +28,9 @@ def tiny_model(tiny_path):
 def make_engine(tiny_model):
     """A small engine over the tiny model: 512-token context, 96 pages, no budget print."""
 
-    def make(model=None, tracer=NULL_TRACER, detokenize=None, **options) -> Engine:
+    def make(model=None, tracer=NULL_TRACER, tokenizer=None, **options) -> Engine:
         options = {"context_len": 512, "max_pages": 96, "print_budget": False, **options}
-        return Engine(model or tiny_model, EngineConfig(**options), detokenize, tracer=tracer)
+        return Engine(model or tiny_model, EngineConfig(**options), tokenizer, tracer=tracer)
 
     return make
 

@@ -27,9 +27,9 @@ def test_generate_text_and_ids_then_stream_the_same(llm):
     assert outs[0].text == llm.tokenizer.decode(outs[0].output_ids)
     chunks = list(llm.stream(["Hello, GLM", [5, 6, 7]], params))
     for o in outs:
-        mine = [c for c in chunks if c.index == o.index]
-        assert [t for c in mine for t in c.token_ids] == o.output_ids
-        assert "".join(c.text for c in mine) == o.text
+        mine = [c for i, c in chunks if i == o.index]
+        assert [t for c in mine for t in c.new_token_ids] == o.output_ids
+        assert "".join(c.text_delta for c in mine) == o.text
         assert mine[-1].finished and mine[-1].finish_reason == "length"
     llm.engine.cache.check_idle()
 

@@ -14,7 +14,7 @@ import torch
 
 from glmlab.bench.engine import kv_agreement
 from glmlab.cache.storage import CacheDtypes
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.session import Session
 from glmlab.testing.parity import prompt_ids
 

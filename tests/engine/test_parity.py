@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.session import Session
 from glmlab.testing.oracle import load_hf_model
 from glmlab.testing.parity import hf_greedy, prompt_ids

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from glmlab.core import FinishReason, SamplingParams
 from glmlab.engine.local_pd import LocalPD, slot_accounting
-from glmlab.engine.sampler import SamplingParams
-from glmlab.engine.types import FinishReason
 from glmlab.model.session import Session
 from glmlab.testing.parity import prompt_ids
 

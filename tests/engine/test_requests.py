@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from glmlab.core import FinishReason, SamplingParams
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
-from glmlab.engine.sampler import SamplingParams
-from glmlab.engine.types import FinishReason
 from glmlab.model.session import Session
 from glmlab.testing.parity import prompt_ids
 from glmlab.tokenizer import Tokenizer
@@ -85,12 +84,12 @@ def test_stop_strings_end_the_request_and_are_cut_from_text(make_engine, tiny_pa
                                                                         ignore_eos=True))
     text = tok.decode(ref)
     stop = next(text[i:i + 2] for i in range(3, len(text) - 2) if "\ufffd" not in text[i:i + 2])
-    engine = make_engine(detokenize=tok.decode)
+    engine = make_engine(tokenizer=tok)
     rid = engine.add_request(p, SamplingParams(max_new_tokens=16, ignore_eos=True, stop=(stop,)))
     while engine.has_work:
         engine.step()
     req = engine.request(rid)
-    assert req.finish_reason is FinishReason.STOP and req.stop_str == stop
+    assert req.finish_reason is FinishReason.STOP and req.matched_stop == stop
     assert stop in tok.decode(req.output_ids) and stop not in tok.decode(req.output_ids[:-1])
 
 

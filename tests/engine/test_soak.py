@@ -9,8 +9,7 @@ import random
 
 import pytest
 
-from glmlab.engine.sampler import SamplingParams
-from glmlab.engine.types import Status
+from glmlab.core import SamplingParams, Status
 from glmlab.model.session import Session
 from glmlab.testing.parity import prompt_ids
 

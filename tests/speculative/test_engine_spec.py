@@ -10,8 +10,8 @@ import pytest
 
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
-from glmlab.engine.sampler import SamplingParams
-from glmlab.engine.types import Phase
+from glmlab.core import SamplingParams
+from glmlab.core import Phase
 from glmlab.speculative.config import SpecConfig
 from glmlab.speculative.dflash_io import write_random_draft
 from glmlab.speculative.oracle import OracleDrafter

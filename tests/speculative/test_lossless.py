@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.session import Session
 from glmlab.speculative.check import lossless_check
 from glmlab.speculative.config import SpecConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.session import Session
 from glmlab.speculative.config import SpecConfig
 from glmlab.speculative.cycle import SpecDecoder

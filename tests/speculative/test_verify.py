@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.speculative.verify import accept, greedy_accept, rejection_accept
 
 V, S = 5, 3

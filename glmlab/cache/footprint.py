@@ -1,25 +1,30 @@
-"""What one GPU's cache costs: bytes per token slot and per state slot, for any model and formats.
+"""A cache's number formats and what one GPU's cache costs in them (its footprint).
 
-The numbers are read off a ``ModelCache`` built on the meta device (nothing is allocated), so the
-budget and the storage that runs can never disagree. Tensor parallelism shards the KDA heads (and
-so the recurrent and conv state) over ``tp`` ranks; the MLA latent and the indexer keys have no head
-axis and are replicated on every rank, as in SGLang's DSA pool. Draft KV shards its heads too.
+``cache_dtypes`` turns the format choices (``kv_dtype``, ``index_dtype``, ``state_dtype``: an
+``EngineConfig`` or anything with those fields) into the storage dtypes. ``CacheFootprint`` is the
+bytes per token slot and per state slot for any model and formats, read off a ``ModelCache`` built
+on the meta device (nothing is allocated), so the budget and the storage that runs can never
+disagree. Tensor parallelism shards the KDA heads (and so the recurrent and conv state) over
+``tp`` ranks; the MLA latent and the indexer keys have no head axis and are replicated on every
+rank, as in SGLang's DSA pool. A drafter's KV per token is set by its owner
+(``draft_bytes_per_token``; DFlash2 draft KV shards its heads too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from glmlab.cache.storage import CacheDtypes, DraftKVSpec, ModelCache
+from glmlab.cache.storage import CacheDtypes, ModelCache
 from glmlab.config import ModelConfig
-from glmlab.engine.config import EngineConfig, IndexDtype, KVDtype, StateDtype
+from glmlab.core import IndexDtype, KVDtype, StateDtype
 
 
 @dataclass(frozen=True)
-class CacheSpec:
+class CacheFootprint:
     latent_bytes_per_token: int  # all DSA layers
     index_bytes_per_token: float  # pooled indexer keys, amortised over kpool tokens
     draft_bytes_per_token: int
@@ -38,8 +43,8 @@ class CacheSpec:
         return self.kda_state_bytes_per_slot + self.tail_bytes_per_slot
 
     @classmethod
-    def of(cls, cfg: ModelConfig, dtypes: CacheDtypes, tp: int = 1, with_mtp: bool = False,
-           draft: DraftKVSpec | None = None) -> CacheSpec:
+    def of(cls, cfg: ModelConfig, dtypes: CacheDtypes, tp: int = 1,
+           with_mtp: bool = False) -> CacheFootprint:
         if cfg.kda.num_heads % tp:
             raise ValueError(f"tp={tp} does not divide the {cfg.kda.num_heads} KDA heads")
         per_rank = dataclasses.replace(cfg, kda=dataclasses.replace(
@@ -51,7 +56,7 @@ class CacheSpec:
         return cls(
             latent_bytes_per_token=meta.latent_bytes_per_token(),
             index_bytes_per_token=meta.index_bytes_per_token(),
-            draft_bytes_per_token=draft.bytes_per_token(tp) if draft else 0,
+            draft_bytes_per_token=0,
             kda_state_bytes_per_slot=sum(row(t) for t in (*meta.conv.values(),
                                                            *meta.recurrent.values())),
             tail_bytes_per_slot=sum(row(t) for t in meta.index_tail.values()),
@@ -69,8 +74,14 @@ def _formats(d: CacheDtypes) -> str:
             f"state {_name(d.recurrent)}, conv {_name(d.conv)}")
 
 
-def cache_dtypes(cfg: EngineConfig, model_dtype: torch.dtype) -> CacheDtypes:
-    """The storage formats an engine config asks for (``auto`` = the model dtype)."""
+class CacheFormats(Protocol):
+    kv_dtype: KVDtype
+    index_dtype: IndexDtype
+    state_dtype: StateDtype
+
+
+def cache_dtypes(cfg: CacheFormats, model_dtype: torch.dtype) -> CacheDtypes:
+    """The storage formats a config asks for (``auto`` = the model dtype)."""
     latent = {KVDtype.AUTO: model_dtype, KVDtype.BF16: torch.bfloat16,
               KVDtype.FP8: torch.float8_e4m3fn}[cfg.kv_dtype]
     keys = torch.float8_e4m3fn if cfg.index_dtype is IndexDtype.FP8 else model_dtype
