@@ -7,6 +7,10 @@ so that it goes through the one reader, ``ModelConfig.from_hf``, exactly like a 
 - ``tiny``: seconds on a CPU, yet every layer family is present: KDA and DSA attention, dense and
   MoE FFNs, 4 mHC streams, the MTP layer, and an indexer top-k (16 tokens = 4 pools) small enough
   that prompts of a few dozen tokens exercise real sparse selection.
+- ``small``: a trained-size model (about 6.6M parameters, 8 layers: KDA:DSA 3:1, one dense layer
+  then 16-expert MoE, 4 mHC streams, the MTP layer) over a 4096-token BPE vocabulary whose special
+  tokens come first; ``glmlab train`` trains it on the Python standard library
+  (data/checkpoints/small holds the result).
 - ``slice(n)``: real widths, the first ``n`` layers (same 3:1 KDA:DSA pattern and dense/MoE
   split).
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from glmlab.checkpoint.tokenizer import TINY_SPECIALS
+from glmlab.checkpoint.tokenizer import SPECIAL_TOKENS, TINY_SPECIALS
 from glmlab.config import ModelConfig
 
 # The published multimodal checkpoint nests the text tower; the vision tower is ignored by glmlab.
@@ -183,16 +187,59 @@ def tiny(fp8: bool = False) -> dict[str, Any]:
     return _wrap(text, dict(_TINY_VISION), fp8=fp8)
 
 
-PRESETS = {"tiny": tiny, "full": full}
+SMALL_VOCAB = 4096
+SMALL_SPECIALS = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}  # a trained BPE lists them first
+
+
+def small(fp8: bool = False) -> dict[str, Any]:
+    text = copy.deepcopy(_FULL_TEXT)
+    text.update(
+        vocab_size=SMALL_VOCAB,
+        hidden_size=192,
+        intermediate_size=576,
+        moe_intermediate_size=32,
+        num_hidden_layers=8,
+        layer_types=["deepseek_sparse_attention" if i % 4 == 3 else "linear_attention"
+                     for i in range(8)],
+        mlp_layer_types=["dense"] + ["sparse"] * 7,
+        first_k_dense_replace=1,
+        indexer_types=["full"] * 8,
+        linear_attn_config={
+            "num_heads": 3,
+            "head_dim": 64,
+            "short_conv_kernel_size": 4,
+            "gate_lower_bound": -5.0,
+        },
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=128,
+        kv_lora_rank=128,  # a multiple of 128: the FP8 latent layout keeps one scale per 128
+        qk_nope_head_dim=48,
+        v_head_dim=48,
+        index_n_heads=8,
+        index_head_dim=32,
+        index_topk=128,  # 32 pools: a quarter of the 512-token training context
+        index_kpool=4,
+        n_routed_experts=16,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        max_position_embeddings=4096,
+        pad_token_id=SMALL_SPECIALS["<|endoftext|>"],
+        eos_token_id=[SMALL_SPECIALS[t] for t in ("<|endoftext|>", "<|user|>", "<|observation|>")],
+    )
+    return _wrap(text, dict(_TINY_VISION), fp8=fp8)
+
+
+PRESETS = {"tiny": tiny, "small": small, "full": full}
 
 
 def preset(name: str) -> dict[str, Any]:
-    """``tiny``, ``full`` or ``slice:N`` as a config.json dict."""
+    """``tiny``, ``small``, ``full`` or ``slice:N`` as a config.json dict."""
     if name.startswith("slice"):
         _, _, n = name.partition(":")
         return slice_(int(n or 4))
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose tiny, full or slice:N")
+        raise ValueError(f"unknown preset {name!r}; choose tiny, small, full or slice:N")
     return PRESETS[name]()
 
 
