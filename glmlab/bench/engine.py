@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     mode = "kv-agreement" if args.agreement else "slots" if args.slots else ""
     row = {"kv-agreement": agreement, "slots": slots}[mode](args) if mode else throughput(args, cfg)
     name = "engine" + (f"-{mode}" if mode else "") + (f"-{args.tag}" if args.tag else "")
-    path = write_rows([row], Path(args.out), name)
+    path = write_rows([row], Path(args.out), name, warmup=f"{args.warmup} requests",
+                      repetitions=1)
     keys = {"kv-agreement": ("identical_outputs", "matched_prefix", "teacher_forced_top1"),
             "slots": ("token_slots_shared", "expected_shared", "token_slots_unshared",
                       "expected_unshared", "hit_rate"),

@@ -21,6 +21,7 @@ from glmlab.model.session import Session
 from glmlab.testing.parity import prompt_ids
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+TIMING = {"warmup": "one 8-token prefill", "repetitions": "prefill 1, decode --decode-steps"}
 
 
 def _sync(device: str) -> None:

@@ -2,7 +2,9 @@
 
 An op family registers ``name -> fn(args) -> list[dict]`` (each dict one measured case: shape,
 variant, microseconds, TFLOP/s, GB/s, ratio to the baseline measured in the same run). The runner
-adds the machine and versions to every row and appends the rows to ``data/bench/<name>.jsonl``.
+stamps every row with its provenance (``glmlab.bench.provenance``: commit, command line, versions,
+GPU and clocks, warm-up and repetitions) and appends the rows to ``data/bench/<name>.jsonl``. A
+family module may say how it times with ``TIMING = {"warmup": ..., "repetitions": ...}``.
 
     python -m glmlab.bench.ops --op moe --out data/bench
 """
@@ -10,14 +12,14 @@ adds the machine and versions to every row and appends the rows to ``data/bench/
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
-import platform
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from glmlab.bench.provenance import stamp
 
 # op name -> "module:function"; each function takes the parsed argparse namespace.
 OPS: dict[str, str] = {
@@ -32,28 +34,9 @@ def register(name: str, target: str) -> None:
     OPS[name] = target
 
 
-def machine() -> dict:
-    info = {
-        "host": platform.node(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        info.update(
-            gpu=p.name,
-            sm=f"{p.major}{p.minor}",
-            gpu_mem_gb=round(p.total_memory / 2**30, 1),
-            cuda=torch.version.cuda,
-        )
-    return info
+def machine(warmup: int | str | None = None, repetitions: int | str | None = None) -> dict:
+    """The provenance every row carries (``glmlab.bench.provenance.stamp``)."""
+    return stamp(warmup, repetitions)
 
 
 def bench_us(fn: Callable[[], object], warmup: int = 5, rep: int = 20) -> float:
@@ -76,10 +59,13 @@ def bench_us(fn: Callable[[], object], warmup: int = 5, rep: int = 20) -> float:
     return sorted(times)[len(times) // 2] * 1e6
 
 
-def write_rows(rows: list[dict], out: Path, name: str) -> Path:
+def write_rows(rows: list[dict], out: Path, name: str, warmup: int | str | None = None,
+               repetitions: int | str | None = None) -> Path:
+    """Append ``rows`` to ``out/<name>.jsonl``, each stamped with its provenance (commit, command,
+    versions, GPU and clocks, the caller's warm-up / repetition counts); a row's own field wins."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.jsonl"
-    meta = machine()
+    meta = machine(warmup, repetitions)
     with path.open("a") as f:
         for row in rows:
             f.write(json.dumps({**meta, **row}) + "\n")
@@ -95,8 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.op not in OPS:
         parser.error(f"unknown op {args.op!r}; registered: {sorted(OPS)}")
     module, _, fn = OPS[args.op].partition(":")
-    rows = getattr(importlib.import_module(module), fn)(rest)
-    path = write_rows(rows, Path(args.out), args.op + (f"-{args.tag}" if args.tag else ""))
+    family = importlib.import_module(module)
+    rows = getattr(family, fn)(rest)
+    timing = getattr(family, "TIMING", {})  # {"warmup": ..., "repetitions": ...} of the family
+    path = write_rows(rows, Path(args.out), args.op + (f"-{args.tag}" if args.tag else ""),
+                      **timing)
     print(f"{len(rows)} rows -> {path}")
     return 0
 

@@ -253,6 +253,7 @@ def rule_table(rows=(1, 16, 128, 768, 1024), heads=(16, 64), arch: GpuArch = H20
 
 
 RESULTS = Path(__file__).resolve().parents[2] / "data" / "bench" / "dsa.jsonl"
+TIMING = {"warmup": "do_bench 25 ms (5 --quick)", "repetitions": "do_bench 100 ms (25), median"}
 
 
 def load_results(path: str | Path = RESULTS) -> list[dict]:

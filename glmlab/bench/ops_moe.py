@@ -42,6 +42,7 @@ from glmlab.kernels.moe.timing import GraphTimer
 from glmlab.kernels.moe.tuner import Problem
 
 TOKENS = (1, 16, 64, 128, 256, 768, 1024, 4096, 8192)
+TIMING = {"warmup": "1 call + graph capture", "repetitions": "median of 5 graph replays"}
 DEFAULT_SAMPLES = Path("data/routing/slice4-layer3.safetensors")
 
 

@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rows = run(args)
     name = "spec" + (f"-{args.tag}" if args.tag else "")
-    path = write_rows(rows, Path(args.out), name)
+    path = write_rows(rows, Path(args.out), name, warmup=f"{args.warmup} cycles",
+                      repetitions=f"{args.cycles} cycles x {args.passes} passes (last reported)")
     print(f"{len(rows)} rows -> {path}")
     print(json.dumps({"machine": machine()}))
     return 0

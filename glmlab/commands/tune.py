@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
                  "device_name": device_name(device)} for r in result.rows]
         if args.report:  # per E, so a run cut short keeps what it finished
             path = Path(args.report)
-            write_rows(rows, path.parent, path.stem)
+            write_rows(rows, path.parent, path.stem, warmup="graph capture + 2 replays",
+                       repetitions=getattr(timer, "replays", None))
         for r in rows:
             print(json.dumps({k: r[k] for k in ("E", "M", "up", "down", "speedup_train",
                                                "speedup_heldout", "heldout_gap",

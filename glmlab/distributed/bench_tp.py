@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                      args.fp8_weights, args.weight_seed, args.dtype, args.device, args.cpu_threads)
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
     rows = launch(rank_main, args.ranks, spec, backend=backend)[0]
-    path = write_rows(rows, Path(args.out), "tp-decode" + (f"-{args.tag}" if args.tag else ""))
+    path = write_rows(rows, Path(args.out), "tp-decode" + (f"-{args.tag}" if args.tag else ""),
+                      warmup="1 request per rung", repetitions=1)
     print(f"{len(rows)} rows -> {path}", file=sys.stderr)
     return 0
 
