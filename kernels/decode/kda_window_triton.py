@@ -1,0 +1,79 @@
+"""KDA delta rule over a uniform step's window, state read and written in place at its slot,
+with the layer's gated head norm fused on the way out (``ref.kda_window_ref``).
+
+One program per (sequence, head) holds the head's whole K x V fp32 state in registers, runs the n
+steps of the window (decode n = 1, verify n = D) in the order of ``kda.ref.kda_recurrent_ref``,
+writes each step's gated, normalised output o = RMSNorm_{o_norm}(o_h) * sigmoid(gate_h) in the
+activation dtype (what the output projection reads), and stores the final state back at the
+sequence's slot unless ``store_state`` is False (speculative verify: the commit replays the
+accepted steps). So a step's state crosses HBM once each way: no gather, no scatter copies. Knows
+nothing about where q, k, v, g, beta and the gate came from.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from glmlab.kernels.fused.mhc_triton import _sigmoid
+
+
+@triton.jit
+def _window_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, slots_ptr, gate_ptr,
+                   nw_ptr, out_ptr, n, H, eps, stride_ss, stride_gate, stride_out,
+                   K: tl.constexpr, V: tl.constexpr, STORE_STATE: tl.constexpr,
+                   PRECISE: tl.constexpr):
+    seq, head = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    rk, cv = tl.arange(0, K), tl.arange(0, V)
+    st = state_ptr + slot * stride_ss + head * K * V + rk[:, None] * V + cv[None, :]
+    s = tl.load(st).to(tl.float32)  # [K, V]
+    nw = tl.load(nw_ptr + cv).to(tl.float32)
+    for t in range(n):
+        tok = (seq * n + t).to(tl.int64)
+        at_k = (tok * H + head) * K + rk
+        kk = tl.load(k_ptr + at_k)
+        s = s * tl.exp(tl.load(g_ptr + at_k))[:, None]
+        v = tl.load(v_ptr + (tok * H + head) * V + cv).to(tl.float32)
+        beta = tl.load(beta_ptr + tok * H + head).to(tl.float32)
+        u = beta * (v - tl.sum(s * kk[:, None], axis=0))
+        s = s + kk[:, None] * u[None, :]
+        o = tl.sum(s * tl.load(q_ptr + at_k)[:, None], axis=0)  # [V]
+        gate = tl.load(gate_ptr + tok * stride_gate + head * V + cv)
+        act = gate.dtype
+        of = o.to(act).to(tl.float32)
+        of = of * (1.0 / tl.sqrt(tl.sum(of * of, axis=0) / V + eps))
+        y = nw * of * _sigmoid(gate.to(tl.float32), PRECISE)
+        tl.store(out_ptr + tok * stride_out + head * V + cv, y.to(act))
+    if STORE_STATE:
+        tl.store(st, s.to(state_ptr.dtype.element_ty))
+
+
+def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+               beta: torch.Tensor, recurrent: torch.Tensor, slots: torch.Tensor,
+               gate: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+               store_state: bool = True) -> torch.Tensor:
+    """``ref.kda_window_ref`` in one launch: out [T, H*V] in gate.dtype; ``recurrent`` updated.
+
+    Args:
+        q, k, g: [T, H, K] fp32 contiguous (q normalised and scaled, k normalised).
+        v: [T, H, V]; beta: [T, H] (contiguous).  recurrent: [S, H, K, V] (fp32 or bf16).
+        slots: [N] (T = N * n).  gate: [T, H*V] (rows may be strided).  norm_weight: [V].
+    """
+    t_len, heads, dk = k.shape
+    dv = v.shape[-1]
+    n_seq = slots.shape[0]
+    if n_seq == 0 or t_len % n_seq or recurrent.shape[1:] != (heads, dk, dv):
+        raise ValueError(f"{t_len} tokens over {n_seq} sequences with state "
+                         f"{tuple(recurrent.shape)}: not a uniform step of this layer")
+    if not all(t.is_contiguous() for t in (q, k, v, g, beta)) or not recurrent[0].is_contiguous():
+        raise ValueError("q, k, v, g, beta and each state slot must be contiguous")
+    if gate.shape != (t_len, heads * dv) or gate.stride(-1) != 1:
+        raise ValueError(f"gate must be [{t_len}, {heads * dv}] with a contiguous last dim")
+    out = torch.empty(t_len, heads * dv, dtype=gate.dtype, device=k.device)
+    _window_kernel[(n_seq, heads)](
+        q, k, v, g, beta, recurrent, slots, gate, norm_weight, out, t_len // n_seq, heads,
+        float(eps), recurrent.stride(0), gate.stride(0), out.stride(0), K=dk, V=dv,
+        STORE_STATE=store_state, PRECISE=k.is_cuda, num_warps=8 if dk * dv >= 8192 else 4)
+    return out
