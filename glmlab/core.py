@@ -337,6 +337,8 @@ class RequestOutput:
     cached_tokens: int = 0  # prompt tokens served from the radix tree
     finish_reason: FinishReason | None = None
     matched_stop: int | str | None = None  # the stop token id or string (finish_reason STOP)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # output tokens so far, these included
 
     @property
     def finished(self) -> bool:

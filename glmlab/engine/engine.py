@@ -148,7 +148,7 @@ class Engine:
         elif logprobs is not None:
             logprobs = logprobs[:len(new)]  # tokens after a finish were cut
         return RequestOutput(req.rid, new, text, logprobs, req.cached_tokens, req.finish_reason,
-                             req.matched_stop)
+                             req.matched_stop, req.num_prompt, len(req.token_ids) - req.num_prompt)
 
     def _stop_string(self, req: Req, token: int) -> str | None:
         detok = self._detok.get(req.rid)
@@ -197,7 +197,11 @@ class Engine:
                                  f"{self.context_len} (prompt plus at least one output token)")
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop", "stop strings need a tokenizer (this engine has none)")
-        max_len = min(len(ids) + params.max_new_tokens, self.context_len)
+        max_len = len(ids) + params.max_new_tokens
+        if max_len > self.context_len:  # rejected, not clamped (as SGLang)
+            raise InvalidRequest("max_new_tokens", f"the prompt ({len(ids)} tokens) plus "
+                                 f"max_new_tokens ({params.max_new_tokens}) exceeds the context "
+                                 f"length ({self.context_len})")
         if self.cache.pages_for(max_len) > self.cache.pages.capacity:
             raise InvalidRequest("max_new_tokens", f"a request of {max_len} tokens needs more KV "
                                  f"pages than the pool holds ({self.cache.pages.capacity})")
@@ -235,6 +239,14 @@ class Engine:
             state_slots_used=u.slots_total - u.slots_free, state_slots_total=u.slots_total,
             state_checkpoints=u.checkpoints, prompt_tokens=c.prompt_tokens,
             cached_tokens=c.cached_tokens, hit_rate=c.hit_rate)
+
+    def describe(self) -> dict:
+        """The config as served: every knob, the model dtype, the bound backends, the pools."""
+        b = self.budget
+        return {**self.cfg.describe(), "model_dtype": str(self.model.dtype).removeprefix("torch."),
+                "backends": self.model.backends.describe(), "context_len": self.context_len,
+                "max_running_requests": b.max_running_requests, "num_pages": b.num_pages,
+                "num_state_slots": b.num_state_slots}
 
     @property
     def is_idle(self) -> bool:

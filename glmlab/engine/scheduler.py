@@ -202,9 +202,10 @@ class Scheduler:
                 continue
             (token,) = emitted
             req.token_ids.append(token)
-            reason = self._finish_reason(req)
-            if reason is None and req.hold_after_prefill:
-                reason = FinishReason.PREFILLED
+            # a prefill-role request is held whatever its first token: the decode instance
+            # applies the finish rules to it (``complete_import``)
+            reason = (FinishReason.PREFILLED if req.hold_after_prefill
+                      else self._finish_reason(req))
             outs.append((req, (token,)))
             if reason is FinishReason.PREFILLED:
                 self._park_held(req)

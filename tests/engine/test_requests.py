@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from glmlab.core import FinishReason, SamplingParams
+from glmlab.core import FinishReason, InvalidRequest, SamplingParams
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
 from glmlab.model.session import Session
@@ -64,11 +64,15 @@ def test_stop_tokens_eos_and_lengths(make_engine, run, tiny_model):
     stop_at = ref[3]
     engine = make_engine()
     outs = run(engine, [(p, SamplingParams(max_new_tokens=10, stop_token_ids=(stop_at,))),
-                        (p, GREEDY), (prompt_ids(505, 2), GREEDY)])
+                        (p, GREEDY), (prompt_ids(505, 2), SamplingParams(max_new_tokens=7))])
     assert outs[0] == ref[: ref.index(stop_at) + 1]
     assert engine.request("r0").finish_reason is FinishReason.STOP
+    assert engine.request("r0").matched_stop == stop_at
     assert outs[1] == ref and engine.request("r1").finish_reason is FinishReason.LENGTH
-    assert len(outs[2]) == 512 - 505  # the context ends it
+    assert len(outs[2]) == 7  # exactly fills the context
+    with pytest.raises(InvalidRequest, match="exceeds the context length") as bad:
+        engine.add_request(prompt_ids(505, 2), GREEDY)  # rejected, not clamped
+    assert bad.value.field == "max_new_tokens"
     eos_engine = Engine(tiny_model, EngineConfig(context_len=512, print_budget=False),
                         eos_token_ids=(stop_at,))  # as if the checkpoint's EOS were this token
     rid = eos_engine.add_request(p, SamplingParams(max_new_tokens=10))
