@@ -1,21 +1,28 @@
-"""DSA kernel benchmark and the notebook's views of it.
+"""DSA kernel benchmark (sparse MLA generations, SGLang's kernels, the indexer) and notebook views.
 
-    python -m glmlab.bench.ops --op dsa [--rows 128,768,1024] [--heads 64,16] [--quick]
+    python -m glmlab.bench.ops_dsa --out DIR [--shapes 1056x16,8192x64] [--sglang FILE] [--quick]
+    python -m glmlab.bench.ops --op dsa ...        # same rows, written once at the end
 
-For each query-row count M, head count H (64 = one GPU, 16 = one TP4 rank) and KV layout (bf16,
-raw FP8, scaled FP8), the sparse-MLA Partial + Combine kernels run over an index list of 2051
-entries (2048 top-k tokens + 3 tail) padded with -1 to 2112, once per KV tile width (32, 128)
-and head grouping (16 heads per CTA; 64 when H allows). Rows: kernel times (Partial, Combine,
-both), TFLOP/s and bytes/s against ceilings measured in the same run (HBM copy, bf16 and fp8
-matmul), the torch reference time, the error against that reference, and what
-``choose_block`` would pick. The indexer (FP8 pool scores + top-512) gets one row per M.
+One run measures, on the same inputs and beside ceilings measured in the same process (HBM device
+copy, bf16 and fp8 matmul): for each shape M x H (query rows x heads) and KV layout (bf16, raw
+FP8, scaled FP8), the sparse-MLA Partial (+ Combine) of every variant: the dispatch rule's pick,
+each second-generation schedule, the first-generation kernel under its own rule (``v1``), and
+SGLang 0.5.23's TileLang kernels (``sglang``: loaded from its module file, see
+``glmlab.kernels.dsa.peers``; bf16 rows, and raw FP8 rows for both FP8 layouts since it reads no
+scales). Index lists are 2051 wide (2048 top-k + 3 tail) padded with -1 to 2112. Rows carry
+kernel time, TFLOP/s (4 M H 2051 R), gathered bytes/s (what the CTAs read: M x head groups x 2051
+x bytes per row), the unique rows' bytes, fractions of the measured peaks, the error against the
+torch reference on the first rows, and speedups against ``v1`` and ``sglang``. A ``best`` row per
+shape names the fastest variant and whether the rule picked it: the input for re-deriving
+``dispatch.choose_block``. The indexer (FP8 scores over 16K pools = 64K tokens + top-512 + tail)
+gets rows for private contexts and for one shared prefix.
 
-Workload: requests of ``rows_per_request`` query rows (a verify block) over a private context of
-``context`` tokens; a request's rows share one random index list (verify rows select nearly the
-same pools), so a layer's unique KV is M/8 x 2051 rows, well past the 50 MB L2.
-
-The notebook helpers at the end (selection recording on the tiny model, tables, figures) read
-the JSONL this writes; they hold the logic so that notebooks/04_dsa_kernels.ipynb holds none.
+Workloads: decode-like shapes (M <= 2048) are requests of ``rows_per_request`` rows (a verify
+block) sharing one index list over a private ``context``-token context; prefill-like shapes give
+every row its own list over one ``prefill_context``-token context (random, with repeats).
+Every case is guarded: a variant that fails to build or run writes an ``error`` row and the run
+goes on. With ``--out`` each row is appended (stamped, ``glmlab.bench.ops.write_rows``) as soon as
+it is measured.
 """
 
 from __future__ import annotations
@@ -23,26 +30,53 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-from glmlab.kernels.dsa.dispatch import H200, GpuArch, choose_block, tile_iterations
+# The notebook (04_dsa_kernels) reads its views through this module.
+from glmlab.bench.ops_dsa_views import (  # noqa: E402, F401
+    RESULTS,
+    block_speedups,
+    figures,
+    load_results,
+    markdown_table,
+    record_tiny_selection,
+    reference_check,
+    rule_table,
+    seed_iteration_table,
+    selection_figure,
+)
+from glmlab.kernels.dsa.dispatch import (
+    GpuArch,
+    Schedule,
+    choose_block,
+    choose_block_v1,
+    tile_iterations,
+)
 from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
 from glmlab.kernels.dsa.ref import sparse_mla_ref
 
 INDEX_WIDTH, PADDED_WIDTH, RANK, SCALE = 2051, 2112, 512, 256**-0.5
+TIMING = {"warmup": "25 ms (5 ms --quick)", "repetitions": "100 ms (25 ms --quick), median"}
+CHECK_ROWS = 64  # rows compared with the torch reference in every case
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="glmlab.bench.ops --op dsa")
-    p.add_argument("--rows", default="128,768,1024")
-    p.add_argument("--heads", default="64,16")
+    p = argparse.ArgumentParser(prog="glmlab.bench.ops_dsa")
+    p.add_argument("--shapes", default="1056x16,128x16,8192x16,8192x64,32768x16,32768x64",
+                   help="MxH query rows x heads")
     p.add_argument("--layouts", default="bf16,fp8_raw,fp8_scaled")
-    p.add_argument("--blocks", default="32,128")
-    p.add_argument("--context", type=int, default=16384, help="tokens of context per request")
+    p.add_argument("--variants", default="rule,ws,pipelined,ws-h16,v1,sglang")
+    p.add_argument("--sglang", default="", help="sglang's dsa/tilelang_kernel.py (peer)")
+    p.add_argument("--context", type=int, default=16384, help="tokens per decode request")
+    p.add_argument("--prefill-context", type=int, default=65536)
     p.add_argument("--rows-per-request", type=int, default=8)
+    p.add_argument("--indexer-rows", default="1056")
+    p.add_argument("--skip-indexer", action="store_true")
     p.add_argument("--quick", action="store_true", help="shorter timing loops")
+    p.add_argument("--out", default="", help="append rows here as they are measured")
     return p.parse_args(argv)
 
 
@@ -50,11 +84,32 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
+def _shapes(s: str) -> list[tuple[int, int]]:
+    return [tuple(int(v) for v in x.split("x")) for x in s.split(",") if x]
+
+
 def _time_us(fn, quick: bool) -> float:
     import triton.testing
 
     warm, rep = (5, 25) if quick else (25, 100)
     return float(triton.testing.do_bench(fn, warmup=warm, rep=rep, return_mode="median")) * 1e3
+
+
+class Sink:
+    """Rows kept for the caller and, with an output folder, appended to it at once."""
+
+    def __init__(self, out: str):
+        self.rows: list[dict] = []
+        self.out = Path(out) if out else None
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v)
+                          for k, v in row.items() if not k.startswith("ceiling")}), flush=True)
+        if self.out is not None:
+            from glmlab.bench.ops import write_rows
+
+            write_rows([row], self.out, "dsa", **TIMING)
 
 
 # ---------------------------------------------------------------------------------- ceilings
@@ -78,19 +133,31 @@ def measure_ceilings(quick: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------------------------- workload
-def make_workload(rows: int, heads: int, context: int, rows_per_request: int, seed: int = 0):
-    """Queries [M, H, R], fp32 latent [N, R] and [M, 2112] slot indices (-1 past 2051)."""
+def make_workload(rows: int, heads: int, context: int, rows_per_request: int, seed: int = 0,
+                  prefill_context: int = 0):
+    """bf16 queries [M, H, R], fp32 latent [N, R], [M, 2112] int32 slots (-1 past 2051).
+
+    ``prefill_context`` > 0: one context of that many tokens, every row its own random list.
+    Otherwise requests of ``rows_per_request`` rows share one list over a private context.
+    """
     g = torch.Generator(device="cuda").manual_seed(seed)
-    requests = -(-rows // rows_per_request)
-    latent = torch.randn(requests * context, RANK, device="cuda", generator=g)
-    picks = torch.rand(requests, context - 3, device="cuda", generator=g).argsort(dim=1)
-    pos = torch.cat([picks[:, : INDEX_WIDTH - 3],
-                     torch.arange(context - 3, context, device="cuda").expand(requests, 3)], 1)
-    slots = pos + torch.arange(requests, device="cuda")[:, None] * context
     idx = torch.full((rows, PADDED_WIDTH), -1, dtype=torch.int32, device="cuda")
-    idx[:, :INDEX_WIDTH] = slots.repeat_interleave(rows_per_request, 0)[:rows].to(torch.int32)
-    q = torch.randn(rows, heads, RANK, device="cuda", generator=g)
-    return q, latent, idx, requests
+    if prefill_context:
+        latent = torch.randn(prefill_context, RANK, device="cuda", generator=g)
+        idx[:, :INDEX_WIDTH] = torch.randint(0, prefill_context, (rows, INDEX_WIDTH),
+                                             device="cuda", generator=g, dtype=torch.int32)
+        unique_rows = min(prefill_context, rows * INDEX_WIDTH)
+    else:
+        requests = -(-rows // rows_per_request)
+        latent = torch.randn(requests * context, RANK, device="cuda", generator=g)
+        picks = torch.rand(requests, context - 3, device="cuda", generator=g).argsort(dim=1)
+        pos = torch.cat([picks[:, : INDEX_WIDTH - 3],
+                         torch.arange(context - 3, context, device="cuda").expand(requests, 3)], 1)
+        slots = pos + torch.arange(requests, device="cuda")[:, None] * context
+        idx[:, :INDEX_WIDTH] = slots.repeat_interleave(rows_per_request, 0)[:rows].to(torch.int32)
+        unique_rows = requests * INDEX_WIDTH
+    q = torch.randn(rows, heads, RANK, device="cuda", generator=g, dtype=torch.bfloat16)
+    return q, latent, idx, unique_rows
 
 
 def torch_reference(q, kv, layout: MlaKVLayout, idx) -> torch.Tensor:
@@ -103,247 +170,220 @@ def torch_reference(q, kv, layout: MlaKVLayout, idx) -> torch.Tensor:
     return torch.cat(out)
 
 
-def _variants(heads: int, blocks: list[int]) -> list[tuple[int, int]]:
-    groups = [16, 64] if heads % 64 == 0 else [16]
-    return [(b, h) for b in blocks for h in groups]
+# ---------------------------------------------------------------------------------- variants
+def our_configs(arch: GpuArch, lay: MlaKVLayout, m: int, h: int, names: list[str]) -> dict:
+    """Variant name -> SparseMlaConfig of our kernels for one shape (``rule`` first)."""
+    out = {"rule": choose_block(arch, lay, m, h)}
+    if "ws" in names:
+        out["ws"] = choose_block(arch, lay, m, h, schedule=Schedule.WS)
+    if "ws-h16" in names and h % 64 == 0 and m * h <= 8192 * 64:
+        out["ws-h16"] = choose_block(arch, lay, m, h, schedule=Schedule.WS, heads_per_cta=16)
+    if "pipelined" in names:
+        out["pipelined"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED)
+    if "v1" in names:
+        out["v1"] = choose_block_v1(arch, lay, m, h)
+    return out
 
 
-def bench_sparse_mla(args, ceilings: dict, arch: GpuArch) -> list[dict]:
+def _our_case(sm, q2, kv, lay, idx, cfg, quick):
+    m, h, _ = q2.shape
+    po = torch.empty(m, cfg.num_splits, h, RANK, dtype=torch.float32, device="cuda")
+    pl = torch.empty(m, cfg.num_splits, h, dtype=torch.float32, device="cuda")
+
+    def call():
+        sm.launch_partial(q2, kv, lay, idx, cfg, po, pl)
+        return sm.sparse_mla_combine(po, pl)[0]
+
+    out = call()[:CHECK_ROWS].clone()
+    return out, _time_us(call, quick)
+
+
+def _sglang_case(peer_mod, q, kv_peer, idx, quick):
+    from glmlab.kernels.dsa.peers import sglang_sparse_fwd
+
+    qp = q if kv_peer.dtype == torch.bfloat16 else q.to(kv_peer.dtype)  # sglang casts q itself
+    call = lambda: sglang_sparse_fwd(peer_mod, qp, kv_peer, idx, SCALE)
+    out = call()[0, :CHECK_ROWS].float()
+    return out, _time_us(call, quick)
+
+
+def _row(base: dict, variant: str, us: float, err: float, groups: int, lay, unique_rows: int,
+         ceilings: dict, **extra) -> dict:
+    m, h = base["rows"], base["heads"]
+    flops = 4.0 * m * h * INDEX_WIDTH * RANK
+    gathered = m * groups * INDEX_WIDTH * lay.bytes_per_token
+    tflops, gather_tbps = flops / us / 1e6, gathered / us / 1e6
+    return {**base, "variant": variant, "kernel_us": us, "tflops": tflops,
+            "gather_tbps": gather_tbps, "unique_kv_tbps": unique_rows * lay.bytes_per_token / us
+            / 1e6, "frac_bf16_peak": tflops / ceilings["ceiling_bf16_tflops"],
+            "frac_hbm_gathered": gather_tbps / ceilings["ceiling_hbm_tbps"],
+            "rel_err_vs_ref": err, **extra, **ceilings}
+
+
+def bench_shape(sm, peer_mod, m: int, h: int, lay: MlaKVLayout, work, args, ceilings, arch,
+                sink: Sink) -> None:
+    q, latent, idx, unique_rows = work
+    kv = lay.pack(latent)
+    ref = torch_reference(q[:CHECK_ROWS], kv, lay, idx[:CHECK_ROWS])
+    err = lambda out: float((out.float() - ref).norm() / ref.norm())
+    base = {"op": "sparse_mla", "rows": m, "heads": h, "layout": lay.format.value,
+            "index_width": INDEX_WIDTH, "padded_width": PADDED_WIDTH,
+            "workload": "prefill" if m > 2048 else f"decode-{args.rows_per_request}-rows-share"}
+    names = args.variants.split(",")
+    rule = choose_block(arch, lay, m, h)
+    times = {}
+    q2 = sm.prescale_queries(q, SCALE)
+    for variant, cfg in our_configs(arch, lay, m, h, names).items():
+        extra = {"config": cfg.name, "splits": cfg.num_splits, "rule_pick": cfg == rule,
+                 "tile_iterations": tile_iterations(PADDED_WIDTH, cfg.block_i)}
+        try:
+            out, us = _our_case(sm, q2, kv, lay, idx, cfg, args.quick)
+        except Exception as e:  # one variant failing must not end the run
+            sink.add({**base, "variant": variant, **extra, "error": _err(e)})
+            continue
+        times[variant] = us
+        sink.add(_row(base, variant, us, err(out), -(-h // cfg.heads_per_cta), lay, unique_rows,
+                      ceilings, **extra))
+    if "sglang" in names and peer_mod is not None:
+        peer_lay = MlaKVLayout(KVFormat.BF16 if lay.format is KVFormat.BF16
+                               else KVFormat.FP8_RAW, RANK)
+        kv_peer = kv if peer_lay == lay else peer_lay.pack(latent)
+        groups = 1 if peer_lay.format is KVFormat.BF16 and h <= 64 else -(-h // 16)
+        extra = {"config": "sglang-0.5.23-tilelang", "peer_layout": peer_lay.format.value}
+        try:
+            out, us = _sglang_case(peer_mod, q, kv_peer, idx, args.quick)
+            ref_peer = ref if peer_lay == lay else torch_reference(q[:CHECK_ROWS], kv_peer,
+                                                                   peer_lay, idx[:CHECK_ROWS])
+            times["sglang"] = us
+            sink.add(_row(base, "sglang", us, float((out - ref_peer).norm() / ref_peer.norm()),
+                          groups, peer_lay, unique_rows, ceilings, **extra))
+        except Exception as e:
+            sink.add({**base, "variant": "sglang", **extra, "error": _err(e)})
+        del kv_peer
+    if times:
+        best = min(times, key=times.get)
+        sink.add({**base, "op": "sparse_mla_best", "best": best, "best_us": times[best],
+                  "rule": rule.name, "rule_is_best": times.get("rule") == times[best],
+                  "rule_vs_best": times.get("rule", float("nan")) / times[best],
+                  "rule_vs_v1": times.get("v1", float("nan")) / times.get("rule", float("nan")),
+                  "rule_vs_sglang": times.get("sglang", float("nan")) / times.get("rule",
+                                                                                  float("nan")),
+                  "times_us": times})
+    del kv
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:400] + " | " + traceback.format_exc(limit=3)[-400:]
+
+
+def bench_sparse_mla(args, ceilings: dict, arch: GpuArch, sink: Sink) -> None:
     from glmlab.kernels.dsa import sparse_mla_tilelang as sm
 
+    peer_mod = None
+    if "sglang" in args.variants.split(","):
+        try:
+            from glmlab.kernels.dsa.peers import load_sglang_kernels
+
+            peer_mod = load_sglang_kernels(args.sglang)
+        except Exception as e:
+            sink.add({"op": "sparse_mla", "variant": "sglang", "error": _err(e)})
     layouts = [MlaKVLayout(KVFormat(x), RANK) for x in args.layouts.split(",")]
-    jobs = [(lay, choose_block(arch, lay, m, h, block_i=b, heads_per_cta=g))
-            for m in _ints(args.rows) for h in _ints(args.heads) for lay in layouts
-            for b, g in _variants(h, _ints(args.blocks))]
     t0 = time.perf_counter()
-    compiled = sm.precompile(jobs)
-    print(f"compiled {compiled} kernels in {time.perf_counter() - t0:.1f} s", flush=True)
-    rows_out = []
-    for m in _ints(args.rows):
-        for h in _ints(args.heads):
-            q, latent, idx, requests = make_workload(m, h, args.context, args.rows_per_request)
-            for lay in layouts:
-                kv = lay.pack(latent)
-                ref = torch_reference(q, kv, lay, idx)
-                ref_us = _time_us(lambda a=(q, kv, lay, idx): torch_reference(*a), True)
-                rule = choose_block(arch, lay, m, h)
-                for b, g in _variants(h, _ints(args.blocks)):
-                    cfg = choose_block(arch, lay, m, h, block_i=b, heads_per_cta=g)
-                    rows_out.append(_one_case(sm, q, kv, lay, idx, cfg, rule, ref, ref_us,
-                                              requests, ceilings, args.quick))
-                    print(_fmt(rows_out[-1]), flush=True)
-                del kv
-            del q, latent, idx
-            torch.cuda.empty_cache()
-    return rows_out
+    jobs = [(lay, cfg) for m, h in _shapes(args.shapes) for lay in layouts
+            for cfg in our_configs(arch, lay, m, h, args.variants.split(",")).values()]
+    try:
+        print(f"compiled {sm.precompile(jobs)} kernels in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+    except Exception as e:  # compile again one by one inside each case: failures stay local
+        sink.add({"op": "sparse_mla", "variant": "precompile", "error": _err(e)})
+    for m, h in _shapes(args.shapes):
+        prefill = args.prefill_context if m > 2048 else 0
+        work = make_workload(m, h, args.context, args.rows_per_request, prefill_context=prefill)
+        for lay in layouts:
+            bench_shape(sm, peer_mod, m, h, lay, work, args, ceilings, arch, sink)
+        del work
+        torch.cuda.empty_cache()
 
 
-def _one_case(sm, q, kv, lay, idx, cfg, rule, ref, ref_us, requests, ceilings, quick) -> dict:
-    m, h, _ = q.shape
-    out, _ = sm.sparse_mla_fwd(q, kv, lay, idx, SCALE, cfg)
-    err = float((out - ref).norm() / ref.norm())
-    partial_us = _time_us(lambda: sm.sparse_mla_partial(q, kv, lay, idx, SCALE, cfg), quick)
-    po, pl = sm.sparse_mla_partial(q, kv, lay, idx, SCALE, cfg)
-    combine_us = _time_us(lambda: sm.sparse_mla_combine(po, pl), quick) if cfg.num_splits > 1 \
-        else 0.0
-    total_us = _time_us(lambda: sm.sparse_mla_fwd(q, kv, lay, idx, SCALE, cfg), quick)
-    flops = 4.0 * m * h * INDEX_WIDTH * RANK
-    hbm = requests * INDEX_WIDTH * lay.bytes_per_token + idx.numel() * 4 + m * h * RANK * (4 + 4)
-    gathered = m * -(-h // cfg.heads_per_cta) * INDEX_WIDTH * lay.bytes_per_token
-    return {
-        "op": "sparse_mla", "rows": m, "heads": h, "layout": lay.format.value,
-        "index_width": INDEX_WIDTH, "padded_width": PADDED_WIDTH, "block_i": cfg.block_i,
-        "heads_per_cta": cfg.heads_per_cta, "splits": cfg.num_splits,
-        "tile_iterations": tile_iterations(PADDED_WIDTH, cfg.block_i),
-        "rule_pick": cfg == rule, "rule": rule.describe(),
-        "partial_us": partial_us, "combine_us": combine_us, "total_us": total_us,
-        "torch_ref_us": ref_us, "speedup_vs_torch": ref_us / total_us, "rel_err_vs_ref": err,
-        "tflops": flops / total_us / 1e6, "hbm_tbps": hbm / total_us / 1e6,
-        "gather_tbps": gathered / total_us / 1e6,
-        "frac_bf16_peak": flops / total_us / 1e6 / ceilings["ceiling_bf16_tflops"],
-        "frac_hbm": hbm / total_us / 1e6 / ceilings["ceiling_hbm_tbps"], **ceilings,
-    }
-
-
-def _fmt(r: dict) -> str:
-    return (f"M={r['rows']:5d} H={r['heads']:2d} {r['layout']:10s} block={r['block_i']:3d} "
-            f"hpc={r['heads_per_cta']:2d} splits={r['splits']:2d} partial={r['partial_us']:8.1f}us "
-            f"total={r['total_us']:8.1f}us {r['tflops']:6.1f} TF/s {r['hbm_tbps']:5.2f} TB/s "
-            f"torch={r['torch_ref_us']:9.1f}us err={r['rel_err_vs_ref']:.2e}"
-            f"{'  <- rule' if r['rule_pick'] else ''}")
-
-
-def bench_indexer(rows: int, quick: bool, num_pools: int = 16384, topk: int = 512) -> dict:
-    """FP8 pool scores + top-512 for ``rows`` queries over 64K tokens (16384 pools)."""
+# ---------------------------------------------------------------------------------- indexer
+def bench_indexer(rows: int, quick: bool, ceilings: dict, sink: Sink, num_pools: int = 16384,
+                  topk: int = 512, rows_per_request: int = 8) -> None:
+    """FP8 pool scores + top-512 + tail over 64K tokens (16384 pools): private contexts per
+    request of ``rows_per_request`` rows, and one prefix shared by every request."""
     from glmlab.kernels.dsa import indexer_triton as it
     from glmlab.kernels.dsa.ref import indexer_scores_fp8_ref, quantize_pool_keys_ref, select_ref
 
     g = torch.Generator(device="cuda").manual_seed(1)
+    requests = -(-rows // rows_per_request)
     q = torch.randn(rows, 32, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-    kf, ks = quantize_pool_keys_ref(torch.randn(num_pools, 128, device="cuda", generator=g))
     w = torch.randn(rows, 32, device="cuda", generator=g) * 32**-0.5
-    pos = torch.full((rows,), num_pools * 4 + 2, device="cuda")
-    kernel = lambda: it.indexer_select_fp8(q, kf, ks, w, pos, topk, 4, 128**-0.5)
-    ref = lambda: select_ref(indexer_scores_fp8_ref(q, kf, ks, w, 128**-0.5), pos, topk, 4, True)
-    same = all(sorted(a) == sorted(b) for a, b in zip(kernel().tolist(), ref().tolist(),
-                                                      strict=True))
-    scores_us = _time_us(lambda: it.pool_scores_fp8(q, kf, ks, w, pos, 4, 128**-0.5), quick)
-    return {"op": "indexer", "rows": rows, "pools": num_pools, "index_heads": 32,
-            "topk_pools": topk, "scores_us": scores_us, "total_us": _time_us(kernel, quick),
-            "torch_ref_us": _time_us(ref, True), "same_selection_as_ref": same,
-            "score_tflops": 2.0 * rows * 32 * num_pools * 128 / scores_us / 1e6}
+    pos = torch.full((rows,), num_pools * 4 + 2, device="cuda", dtype=torch.int32)
+    row_req = (torch.arange(rows, device="cuda") // rows_per_request).to(torch.int32)
+    for sharing in ("private", "shared-prefix"):
+        stored = num_pools * (requests if sharing == "private" else 1)
+        kf, ks = quantize_pool_keys_ref(torch.randn(stored, 128, device="cuda", generator=g))
+        pool_slots = torch.arange(num_pools, device="cuda", dtype=torch.int32)[None, :] + (
+            torch.arange(requests, device="cuda", dtype=torch.int32)[:, None] * num_pools
+            if sharing == "private" else 0)
+        pool_slots = pool_slots.expand(requests, num_pools).contiguous()
+        base = {"op": "indexer", "rows": rows, "pools": num_pools, "index_heads": 32,
+                "topk_pools": topk, "requests": requests, "sharing": sharing}
+        try:
+            fp8q = it.quantize_index_queries(q)
+            scores_fn = lambda a=(fp8q, kf, ks, pool_slots): it.pool_scores_fp8_paged(
+                a[0], a[1], a[2], w, pos, a[3], row_req, 4, 128**-0.5)
+            scores = scores_fn()
+            sel = it.select_topk_tokens(scores, pos, topk, 4, True)
+            check = slice(0, 16)  # the reference scores a few rows (its [T, P] fp32 is big)
+            keys = kf[pool_slots[row_req[check].long()].long()]  # [t, P, DI]
+            kscale = ks[pool_slots[row_req[check].long()].long()]
+            qd = it.dequantize_index_queries(*fp8q)[check]
+            ref = torch.stack([indexer_scores_fp8_ref(qd[i:i + 1], keys[i], kscale[i],
+                                                      w[check][i:i + 1], 128**-0.5)[0]
+                               for i in range(qd.shape[0])])
+            score_err = float((scores[check] - ref).norm() / ref.norm())
+            same = all(sorted(a) == sorted(b) for a, b in zip(
+                sel[check].tolist(), select_ref(scores[check], pos[check], topk, 4, True).tolist(),
+                strict=True))
+            scores_us = _time_us(scores_fn, quick)
+            topk_us = _time_us(lambda s=scores: it.select_topk_tokens(s, pos, topk, 4, True),
+                               quick)
+        except Exception as e:
+            sink.add({**base, "error": _err(e)})
+            continue
+        key_bytes = stored * (128 + 4)
+        score_bytes = rows * num_pools * 4
+        sink.add({**base, "scores_us": scores_us, "topk_us": topk_us,
+                  "total_us": scores_us + topk_us, "score_rel_err_vs_ref": score_err,
+                  "topk_same_as_ref_on_kernel_scores": same,
+                  "score_tflops": 2.0 * rows * 32 * num_pools * 128 / scores_us / 1e6,
+                  "scores_hbm_tbps": (key_bytes + score_bytes) / scores_us / 1e6,
+                  "frac_hbm_scores": (key_bytes + score_bytes) / scores_us / 1e6
+                  / ceilings["ceiling_hbm_tbps"],
+                  "topk_hbm_tbps": score_bytes / topk_us / 1e6, **ceilings})
 
 
 def run(argv: list[str]) -> list[dict]:
     args = _args(argv)
+    sink = Sink(args.out)
     arch = GpuArch.current()
     ceilings = measure_ceilings(args.quick)
     print("ceilings:", {k: round(v, 2) for k, v in ceilings.items()}, flush=True)
-    rows = bench_sparse_mla(args, ceilings, arch)
-    for m in _ints(args.rows):
-        rows.append(bench_indexer(m, args.quick))
-        print(rows[-1], flush=True)
-    return rows
+    if not args.skip_indexer:
+        for m in _ints(args.indexer_rows):
+            bench_indexer(m, args.quick, ceilings, sink)
+    bench_sparse_mla(args, ceilings, arch, sink)
+    return sink.rows
 
 
-# ------------------------------------------------------------------- notebook helpers (CPU)
-def record_tiny_selection(prompt_len: int = 80, seed: int = 0) -> torch.Tensor:
-    """Positions [T, W] the tiny model's DSA layer attends to during one prefill (-1 padded).
+def main(argv: list[str] | None = None) -> int:
+    import sys
 
-    Wraps the layer's bound SPARSE_MLA op with a recorder; the tiny session's sequence 0 owns
-    slots 0..max_len-1, so slots are positions.
-    """
-    from glmlab import presets
-    from glmlab.checkpoint.writer import init_random_
-    from glmlab.config import ModelConfig
-    from glmlab.model.dsa import DSAttention
-    from glmlab.model.glm import GLM5Model
-    from glmlab.model.session import Session
-    from glmlab.testing.parity import prompt_ids
-
-    model = init_random_(GLM5Model(ModelConfig.from_hf(presets.tiny()), with_mtp=False), seed)
-    seen: list[torch.Tensor] = []
-
-    def recording(op):
-        def attend(q, cache, layer, slot_indices, scale):
-            seen.append(slot_indices.clone())
-            return op(q, cache, layer, slot_indices, scale)
-        return attend
-
-    for mod in model.modules():
-        if isinstance(mod, DSAttention):
-            mod.attend = recording(mod.attend)
-    Session(model, max_len=prompt_len).forward({0: prompt_ids(prompt_len, seed)})
-    return seen[0]
+    rows = run(sys.argv[1:] if argv is None else argv)
+    errors = [r for r in rows if "error" in r]
+    print(f"{len(rows)} rows, {len(errors)} with errors", flush=True)
+    return 1 if errors else 0
 
 
-def seed_iteration_table(widths=(2051, 2112), blocks=(32, 64, 128)) -> list[dict]:
-    return [{"index_width": w, "block_i": b, "tile_iterations": tile_iterations(w, b),
-             "virtual_pad": tile_iterations(w, b) * b - w} for w in widths for b in blocks]
-
-
-def rule_table(rows=(1, 16, 128, 768, 1024), heads=(16, 64), arch: GpuArch = H200) -> list[dict]:
-    out = []
-    for fmt in KVFormat:
-        for m in rows:
-            for h in heads:
-                cfg = choose_block(arch, MlaKVLayout(fmt, RANK), m, h)
-                out.append({"layout": fmt.value, "rows": m, "heads": h, "config": cfg.describe()})
-    return out
-
-
-RESULTS = Path(__file__).resolve().parents[2] / "data" / "bench" / "dsa.jsonl"
-TIMING = {"warmup": "do_bench 25 ms (5 --quick)", "repetitions": "do_bench 100 ms (25), median"}
-
-
-def load_results(path: str | Path = RESULTS) -> list[dict]:
-    p = Path(path)
-    return [json.loads(line) for line in p.read_text().splitlines() if line] if p.exists() else []
-
-
-def block_speedups(results: list[dict]) -> list[dict]:
-    """Block 32 vs 128 at the same rows, heads, layout and head grouping (the seed's 1.12x)."""
-    mla = [r for r in results if r.get("op") == "sparse_mla"]
-    key = lambda r: (r["rows"], r["heads"], r["layout"], r["heads_per_cta"])
-    by = {(key(r), r["block_i"]): r for r in mla}
-    out = []
-    for (k, b), r in sorted(by.items()):
-        if b == 32 and (k, 128) in by:
-            r128 = by[(k, 128)]
-            now = choose_block(H200, MlaKVLayout(KVFormat(k[2]), RANK), k[0], k[1])
-            out.append({"rows": k[0], "heads": k[1], "layout": k[2], "heads_per_cta": k[3],
-                        "block32_us": r["total_us"], "block128_us": r128["total_us"],
-                        "speedup_128_over_32": r["total_us"] / r128["total_us"],
-                        "rule_now": f"{now.block_i}x{now.heads_per_cta}"})
-    return out
-
-
-def figures(results: list[dict]):
-    """Plotly figures: Partial+Combine time by block width, and TFLOP/s against the ceiling."""
-    import plotly.graph_objects as go
-
-    mla = [r for r in results if r.get("op") == "sparse_mla"]
-    time_fig, rate_fig = go.Figure(), go.Figure()
-    for b in sorted({r["block_i"] for r in mla}):
-        sel = [r for r in mla if r["block_i"] == b]
-        labels = [f"M{r['rows']} H{r['heads']} {r['layout']} g{r['heads_per_cta']}" for r in sel]
-        time_fig.add_bar(name=f"block {b}", x=labels, y=[r["total_us"] for r in sel])
-        rate_fig.add_bar(name=f"block {b}", x=labels, y=[r["tflops"] for r in sel])
-    if mla:
-        rate_fig.add_hline(y=mla[0]["ceiling_bf16_tflops"], annotation_text="bf16 matmul, same run")
-    time_fig.update_layout(title="sparse MLA Partial + Combine (us)", barmode="group")
-    rate_fig.update_layout(title="sparse MLA TFLOP/s", barmode="group")
-    return time_fig, rate_fig
-
-
-def selection_figure(selected: torch.Tensor, kpool: int = 4):
-    """Heatmap query x pool: 1 = selected by top-k, 0.5 = the query's own tail, 0 = not read."""
-    import plotly.graph_objects as go
-
-    t_len = selected.shape[0]
-    num_pools = -(-t_len // kpool)
-    grid = torch.zeros(t_len, num_pools)
-    for t, row in enumerate(selected.tolist()):
-        for pos in row:
-            if pos >= 0:
-                tail = pos // kpool == t // kpool and (t + 1) % kpool != 0
-                grid[t, pos // kpool] = max(grid[t, pos // kpool], 0.5 if tail else 1.0)
-    fig = go.Figure(go.Heatmap(z=grid.tolist(), colorscale="Blues", showscale=False))
-    fig.update_layout(title="pools each query reads (tiny model, one prefill)",
-                      xaxis_title="pool (4 tokens)", yaxis_title="query position", height=500)
-    return fig
-
-
-def markdown_table(rows: list[dict], digits: int = 3) -> str:
-    if not rows:
-        return "(no rows)"
-    cols = list(rows[0])
-    fmt = lambda v: (f"{v:.1f}" if abs(v) >= 10 else f"{v:.{digits}g}") if isinstance(v, float) \
-        else str(v)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def reference_check(width: int = 2051, heads: int = 16, seed: int = 0) -> list[dict]:
-    """On CPU: the kernels' split form (Partial per split + Combine) vs one-shot sparse MLA."""
-    from glmlab.kernels.dsa.ref import (
-        sparse_mla_combine_ref,
-        sparse_mla_partial_ref,
-        split_bounds,
-    )
-
-    g = torch.Generator().manual_seed(seed)
-    q, cache = torch.randn(4, heads, 64, generator=g), torch.randn(4096, 64, generator=g)
-    idx = torch.randint(0, 4096, (4, width), generator=g)
-    idx[:, -40:] = -1
-    rows, valid = cache[idx.clamp(min=0)], idx >= 0
-    one_shot = sparse_mla_ref(q, rows, valid, SCALE)
-    out = []
-    for block, splits in ((32, 1), (128, 1), (32, 4), (128, 3)):
-        po, pl = sparse_mla_partial_ref(q, rows, valid, SCALE, block, splits)
-        merged = sparse_mla_combine_ref(po, pl)[0]
-        out.append({"block_i": block, "splits": splits, "tiles": tile_iterations(width, block),
-                    "split_columns": split_bounds(width, block, splits),
-                    "max_abs_diff": float((merged - one_shot).abs().max())})
-    return out
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,28 +1,31 @@
-"""Which tile shape the sparse-MLA Partial kernel runs with: a pure, printable rule.
+"""Which schedule and tile shape the sparse-MLA Partial kernel runs with: a pure, printable rule.
 
 ``choose_block(arch, kv_layout, query_rows, heads)`` returns a frozen ``SparseMlaConfig``; nothing
 here touches a GPU, so the rule is unit-tested on CPU and printed beside every benchmark row.
 
-The rule, measured (H200, 2026-11-30, data/bench/dsa.jsonl; NOTES.md has the table):
-- Heads per CTA: 64 when the head count allows it (one gathered KV tile serves 64 heads, and the
-  64-row GEMMs lower to Hopper wgmma with two warpgroups), else 16 (a TP4 rank of GLM-5.3-Flash
-  has 16 heads; 16-row GEMMs lower to mma.sync). For H = 64, 64-head CTAs ran 3.2-3.4x faster.
-- KV tile width ``block_i``: 128 on SM90 for 64-head CTAs whose tiles fit shared memory, else 32.
-  Measured: 64-head CTAs were 1.23-1.34x faster with 128-wide tiles at every M (128, 768, 1024)
-  and KV layout (the seed saw 1.12x for its FP8 kernel at M1024); 16-head CTAs were 1.5-1.7x
-  *slower* with them, because this kernel does not pipeline the tile loop: a 128-wide tile takes
-  ~150 KB of shared memory, so one 128-thread CTA per SM is left with nothing to hide the gather
-  behind, while 32-wide tiles fit four CTAs per SM. The seed's rule (FP8 KV + enough query
-  parallelism -> 128) described its kernel, not this one; the layout enters here only through
-  the shared-memory budget (rank x tile).
-- KV splits: 1 when the grid already covers every SM (Combine then has nothing to merge and is
-  skipped), else the smallest power of two that does, at most 16.
+Schedules (``Schedule``): ``SERIAL`` is the first-generation kernel (gather, sync, QK, softmax, PV
+in one loop; ``sparse_mla_tilelang.partial_program``); ``WS`` the warp-specialised one (a producer
+warpgroup gathers two 64-row stages ahead of two consumer warpgroups, ``sparse_mla_ws``);
+``PIPELINED`` the ``T.Pipelined`` fallback with cp.async stages.
+
+The rule (provisional, 2026-12-02; re-derive from the H200 rows of ``glmlab.bench.ops_dsa``, which
+prints the fastest variant per shape as ``best`` rows):
+- SM90 and a layout the second-generation kernels read (rank a multiple of 128): ``WS`` with
+  64-column tiles; 64 heads per CTA when the head count allows it (wgmma, seesaw consumers), else
+  16 (mma.sync, two independent consumers). One 384-thread CTA per SM (~200 KB shared memory).
+- Otherwise ``choose_block_v1``: the first-generation rule, measured on H200 2026-11-30
+  (data/bench/dsa.jsonl): heads per CTA 64 when possible (3.2-3.4x over four 16-head CTAs);
+  ``block_i`` 128 for 64-head CTAs whose tile fits shared memory (1.23-1.34x over 32), else 32
+  (16-head CTAs were 1.5-1.7x *slower* with 128: the serial loop needs several CTAs per SM).
+- KV splits: 1 when the grid already covers every SM (Combine is then skipped), else the
+  smallest power of two that does, at most 16.
 
 Iteration counts for the notebook: ``tile_iterations(2112, 32) == 66``, ``(2112, 128) == 17``.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from glmlab.kernels.dsa.layout import MlaKVLayout
@@ -54,22 +57,49 @@ class GpuArch:
 H200 = GpuArch(9, 0, 132)
 
 
+class Schedule(enum.Enum):
+    SERIAL = "serial"  # first generation: one loop, no overlap (sparse_mla_tilelang)
+    WS = "ws"  # producer warpgroup + two consumer warpgroups, 2 stages (sparse_mla_ws)
+    PIPELINED = "pipelined"  # T.Pipelined cp.async stages (sparse_mla_ws)
+
+
+def threads_for(schedule: Schedule, heads_per_cta: int) -> int:
+    if schedule is Schedule.WS:
+        return 384
+    return 256 if heads_per_cta == 64 else 128
+
+
 @dataclass(frozen=True)
 class SparseMlaConfig:
     block_i: int  # KV entries per tile (columns of the index list per iteration)
     heads_per_cta: int  # 16 or 64 query heads share one gathered tile
     num_splits: int  # contiguous tile ranges per (row, head group), merged by Combine
-    threads: int  # 128 for 16 heads, 256 for 64 heads (two warpgroups share N)
+    threads: int  # serial/pipelined: 128 (16 heads) or 256 (64); ws: 384
+    schedule: Schedule = Schedule.SERIAL
+    stages: int = 1  # shared-memory KV stages (ws: 2; pipelined: 2 or 3)
 
     def __post_init__(self):
         if self.block_i not in (32, 64, 128) or self.heads_per_cta not in (16, 64):
             raise ValueError(f"unsupported tile {self.block_i} x {self.heads_per_cta} heads")
         if not 1 <= self.num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, got {self.num_splits}")
+        if self.threads != threads_for(self.schedule, self.heads_per_cta):
+            raise ValueError(f"{self.schedule.value} with {self.heads_per_cta} heads runs "
+                             f"{threads_for(self.schedule, self.heads_per_cta)} threads, "
+                             f"not {self.threads}")
+        if self.schedule is Schedule.WS and (self.block_i != 64 or self.stages != 2):
+            raise ValueError("the ws schedule runs 64-column tiles in 2 stages")
+
+    @property
+    def name(self) -> str:
+        """Short variant name for benchmark rows: ``ws-b64-h16``, ``serial-b32-h16``."""
+        stages = f"-s{self.stages}" if self.schedule is Schedule.PIPELINED else ""
+        return f"{self.schedule.value}-b{self.block_i}-h{self.heads_per_cta}{stages}"
 
     def describe(self) -> str:
-        return (f"block_i={self.block_i} heads_per_cta={self.heads_per_cta} "
-                f"splits={self.num_splits} threads={self.threads}")
+        return (f"schedule={self.schedule.value} block_i={self.block_i} "
+                f"heads_per_cta={self.heads_per_cta} splits={self.num_splits} "
+                f"threads={self.threads} stages={self.stages}")
 
 
 def tile_iterations(width: int, block_i: int) -> int:
@@ -95,18 +125,46 @@ def smem_bytes(rank: int, block_i: int, heads_per_cta: int) -> int:
     return 2 * rank * (heads_per_cta + block_i) + 2 * heads_per_cta * block_i + 4096
 
 
+def second_generation_reads(kv_layout: MlaKVLayout) -> bool:
+    """``sparse_mla_ws`` moves whole 128-channel chunks per producer thread group."""
+    return kv_layout.rank % 128 == 0 and (kv_layout.num_scales == 0 or kv_layout.group == 128)
+
+
 def choose_block(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int,
-                 block_i: int | None = None, heads_per_cta: int | None = None) -> SparseMlaConfig:
-    """The tile config for one call; ``block_i``/``heads_per_cta`` force a choice (benchmarks).
+                 block_i: int | None = None, heads_per_cta: int | None = None,
+                 schedule: Schedule | None = None, stages: int | None = None) -> SparseMlaConfig:
+    """The kernel config for one call; the keyword arguments force a choice (benchmarks).
 
     Example:
         >>> from glmlab.kernels.dsa.layout import FP8_RAW_512
         >>> choose_block(H200, FP8_RAW_512, query_rows=1024, heads=64).describe()
-        'block_i=128 heads_per_cta=64 splits=1 threads=256'
+        'schedule=ws block_i=64 heads_per_cta=64 splits=1 threads=384 stages=2'
+    """
+    if schedule is None:
+        schedule = Schedule.WS if arch.major == 9 and second_generation_reads(kv_layout) \
+            else Schedule.SERIAL
+    if schedule is Schedule.SERIAL:
+        return choose_block_v1(arch, kv_layout, query_rows, heads, block_i, heads_per_cta)
+    hpc = heads_per_cta or heads_per_cta_for(heads)
+    stages = stages or 2
+    block_i = block_i or 64
+    splits = choose_splits(arch, query_rows, heads, hpc)
+    return SparseMlaConfig(block_i, hpc, splits, threads_for(schedule, hpc), schedule, stages)
+
+
+def choose_block_v1(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int,
+                    block_i: int | None = None, heads_per_cta: int | None = None
+                    ) -> SparseMlaConfig:
+    """The first-generation (``Schedule.SERIAL``) rule, as measured on H200 2026-11-30.
+
+    Example:
+        >>> from glmlab.kernels.dsa.layout import FP8_RAW_512
+        >>> choose_block_v1(H200, FP8_RAW_512, query_rows=1024, heads=64).describe()
+        'schedule=serial block_i=128 heads_per_cta=64 splits=1 threads=256 stages=1'
     """
     hpc = heads_per_cta or heads_per_cta_for(heads)
     if block_i is None:
         wide_fits = smem_bytes(kv_layout.rank, 128, hpc) <= SM90_SMEM_PER_CTA
         block_i = 128 if arch.major == 9 and hpc == 64 and wide_fits else 32
     splits = choose_splits(arch, query_rows, heads, hpc)
-    return SparseMlaConfig(block_i, hpc, splits, 256 if hpc == 64 else 128)
+    return SparseMlaConfig(block_i, hpc, splits, threads_for(Schedule.SERIAL, hpc))

@@ -1,6 +1,12 @@
-"""Absorbed sparse MLA on Hopper in TileLang: a Partial kernel and a Combine kernel.
+"""Absorbed sparse MLA on Hopper in TileLang: Partial kernels, a Combine kernel, the launchers.
 
-Partial, one CTA per (head group, query row, KV split):
+Two generations of Partial share one contract and one Combine. The first (``partial_program``,
+``Schedule.SERIAL``, below) runs a serial tile loop; the second (``sparse_mla_ws``: warp-specialised
+or ``T.Pipelined``) overlaps the gather with the MMAs. ``sparse_mla_fwd`` / ``sparse_mla`` run
+whatever ``dispatch.choose_block`` picks; ``sparse_mla_fwd_v1`` / ``sparse_mla_v1`` keep the first
+generation callable under its own rule (``choose_block_v1``) for benchmarks.
+
+First-generation Partial, one CTA per (head group, query row, KV split):
   load the group's queries [HB, R] (pre-scaled by softmax_scale * log2 e, so scores are in base 2);
   for each KV tile of ``block_i`` index columns in the split's range:
       gather the tile's latent rows by slot (index -1, or a column past the list's end, is masked:
@@ -26,7 +32,14 @@ import tilelang
 import tilelang.language as T
 import torch
 
-from glmlab.kernels.dsa.dispatch import GpuArch, SparseMlaConfig, choose_block
+from glmlab.kernels.dsa import sparse_mla_ws
+from glmlab.kernels.dsa.dispatch import (
+    GpuArch,
+    Schedule,
+    SparseMlaConfig,
+    choose_block,
+    choose_block_v1,
+)
 from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
 
 LOG2E = 1.4426950408889634
@@ -172,13 +185,19 @@ _KERNELS: dict[tuple, object] = {}
 
 
 def _partial_key(layout: MlaKVLayout, config: SparseMlaConfig) -> tuple:
-    return ("partial", layout, config.block_i, config.heads_per_cta, config.threads)
+    return ("partial", layout, config.block_i, config.heads_per_cta, config.threads,
+            config.schedule, config.stages)
 
 
 def _program(key: tuple):
-    if key[0] == "partial":
-        return partial_program(*key[1:])
-    return combine_program(key[1])
+    if key[0] != "partial":
+        return combine_program(key[1])
+    _, layout, block_i, heads_per_cta, threads, schedule, stages = key
+    if schedule is Schedule.WS:
+        return sparse_mla_ws.ws_program(layout, block_i, heads_per_cta)
+    if schedule is Schedule.PIPELINED:
+        return sparse_mla_ws.pipelined_program(layout, block_i, heads_per_cta, stages)
+    return partial_program(layout, block_i, heads_per_cta, threads)
 
 
 def compiled(key: tuple):
@@ -218,16 +237,33 @@ def sparse_mla_partial(q: torch.Tensor, kv: torch.Tensor, layout: MlaKVLayout,
     if heads % config.heads_per_cta or rank != layout.rank or not layout.matches(kv):
         raise ValueError(f"q {tuple(q.shape)} / kv {kv.dtype}{tuple(kv.shape)} do not fit "
                          f"{layout} with {config.describe()}")
-    q2 = (q.float() * (softmax_scale * LOG2E)).to(torch.bfloat16).contiguous()
+    q2 = prescale_queries(q, softmax_scale)
     idx = indices.to(torch.int32).contiguous()
     po = torch.empty(t_len, config.num_splits, heads, rank, dtype=torch.float32, device=q.device)
     pl = torch.empty(t_len, config.num_splits, heads, dtype=torch.float32, device=q.device)
+    launch_partial(q2, kv, layout, idx, config, po, pl)
+    return po, pl
+
+
+def prescale_queries(q: torch.Tensor, softmax_scale: float) -> torch.Tensor:
+    """[T, H, R] -> bf16 queries times ``softmax_scale * log2 e`` (the kernels' base-2 scores)."""
+    return (q.float() * (softmax_scale * LOG2E)).to(torch.bfloat16).contiguous()
+
+
+def launch_partial(q_scaled: torch.Tensor, kv: torch.Tensor, layout: MlaKVLayout,
+                   indices: torch.Tensor, config: SparseMlaConfig, partial_o: torch.Tensor,
+                   partial_lse: torch.Tensor) -> None:
+    """The Partial kernel alone, on prepared buffers (benchmarks time exactly this).
+
+    ``q_scaled`` from ``prescale_queries``; ``indices`` int32 contiguous; ``partial_o``
+    [T, S, H, R] and ``partial_lse`` [T, S, H] fp32 with S = ``config.num_splits``.
+    """
     kernel = compiled(_partial_key(layout, config))
     if layout.format is KVFormat.FP8_SCALED:
-        kernel(q2, kv.view(torch.float8_e4m3fn), kv.view(torch.float32), idx, po, pl)
+        kernel(q_scaled, kv.view(torch.float8_e4m3fn), kv.view(torch.float32), indices,
+               partial_o, partial_lse)
     else:
-        kernel(q2, kv, idx, po, pl)
-    return po, pl
+        kernel(q_scaled, kv, indices, partial_o, partial_lse)
 
 
 def sparse_mla_combine(partial_o: torch.Tensor, partial_lse: torch.Tensor
@@ -264,6 +300,8 @@ def sparse_mla_fwd(q: torch.Tensor, kv: torch.Tensor, layout: MlaKVLayout, indic
     t_len, heads, rank = q.shape
     if config is None:
         config = choose_block(GpuArch.current(q.device), layout, t_len, heads)
+    if config.schedule is not Schedule.SERIAL and not sparse_mla_ws.supports(layout):
+        raise ValueError(f"{config.schedule.value} kernels cannot read {layout}")
     pad = -heads % config.heads_per_cta
     if pad:
         q = torch.nn.functional.pad(q, (0, 0, 0, pad))
@@ -287,3 +325,21 @@ def sparse_mla(q: torch.Tensor, cache, layer: int, slot_indices: torch.Tensor,
         return q.new_zeros(q.shape, dtype=torch.float32)
     return sparse_mla_fwd(q, latent, layout, slot_indices, scale)[0]
 
+
+
+def sparse_mla_fwd_v1(q: torch.Tensor, kv: torch.Tensor, layout: MlaKVLayout,
+                      indices: torch.Tensor, softmax_scale: float
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sparse_mla_fwd`` with the first-generation kernel and its own rule (benchmarks)."""
+    config = choose_block_v1(GpuArch.current(q.device), layout, q.shape[0], q.shape[1])
+    return sparse_mla_fwd(q, kv, layout, indices, softmax_scale, config)
+
+
+def sparse_mla_v1(q: torch.Tensor, cache, layer: int, slot_indices: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+    """``sparse_mla`` (the model backend op) through the first-generation kernel."""
+    latent = cache.latent[layer]
+    layout = MlaKVLayout.of(latent, q.shape[-1])
+    if slot_indices.shape[1] == 0:
+        return q.new_zeros(q.shape, dtype=torch.float32)
+    return sparse_mla_fwd_v1(q, latent, layout, slot_indices, scale)[0]

@@ -1,8 +1,12 @@
-"""TileLang sparse MLA (Partial + Combine) vs the torch references.
+"""TileLang sparse MLA (Partial + Combine, both generations) vs the torch references.
 
-CPU: the kernels lower for sm_90a (64-head tiles to wgmma, 16-head tiles to mma.sync) and nvcc
-builds a cubin, without a GPU (docs/platform.md section 2.2). GPU: every layout, both tile widths and
-both head groupings against ``sparse_mla_ref`` on the dequantised rows, stage by stage too.
+CPU: the kernels lower for sm_90a (64-head tiles to wgmma, 16-head tiles to mma.sync; the
+warp-specialised ones with a register-shedding producer and cp.async or FP8 widening) and nvcc
+builds a cubin, without a GPU (docs/platform.md section 2.2). GPU: every schedule, layout, tile
+width and head grouping against ``sparse_mla_ref`` on the dequantised rows, stage by stage too,
+and the dispatch rule's pick at full index width. Test ids start with the variant name
+(``ws-b64-h16``, ``pipelined-b64-h64-s3``, ``serial-b32-h16``) so a GPU script can run each
+variant in its own process (``-k``): a kernel that hangs takes only its own tests with it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,13 @@ import torch
 tilelang = pytest.importorskip("tilelang")
 
 from glmlab.kernels.dsa import sparse_mla_tilelang as sm  # noqa: E402
-from glmlab.kernels.dsa.dispatch import SparseMlaConfig, choose_block  # noqa: E402
+from glmlab.kernels.dsa import sparse_mla_ws  # noqa: E402
+from glmlab.kernels.dsa.dispatch import (  # noqa: E402
+    Schedule,
+    SparseMlaConfig,
+    choose_block,
+    threads_for,
+)
 from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout  # noqa: E402
 from glmlab.kernels.dsa.ref import (  # noqa: E402
     EMPTY_LSE,
@@ -34,6 +44,30 @@ def _lower(prog) -> str:
 def test_partial_lowers_to_wgmma_for_64_heads():
     src = _lower(sm.partial_program(MlaKVLayout(KVFormat.FP8_SCALED, 512), 128, 64, 256))
     assert "wgmma_ss" in src and "__launch_bounds__(256" in src
+
+
+@pytest.mark.parametrize("fmt,heads,must", [
+    pytest.param(KVFormat.FP8_SCALED, 64, ("wgmma_ss", "warpgroup_reg_dealloc<96>",
+                                           "fence_proxy_async", "__tl_cvt_fp8x2_to_float2"),
+                 id="ws-fp8_scaled-h64-wgmma-producer-dequant"),
+    pytest.param(KVFormat.BF16, 16, ("mma_sync", "cp_async_gs_conditional<16>",
+                                     "mbarrier_cp_async_arrive_noinc"), id="ws-bf16-h16-cp-async"),
+])
+def test_ws_partial_lowers(fmt, heads, must):
+    src = _lower(sparse_mla_ws.ws_program(MlaKVLayout(fmt, 512), 64, heads))
+    assert "__launch_bounds__(384" in src
+    for needle in must:
+        assert needle in src, needle
+
+
+def test_pipelined_partial_lowers_to_cp_async():
+    src = _lower(sparse_mla_ws.pipelined_program(MlaKVLayout(KVFormat.FP8_RAW, 512), 64, 16, 2))
+    assert "cp_async" in src and "mma_sync" in src
+
+
+def test_second_generation_refuses_small_ranks():
+    with pytest.raises(ValueError, match="unsupported"):
+        sparse_mla_ws.ws_program(MlaKVLayout(KVFormat.FP8_SCALED, 64), 64, 16)
 
 
 def test_partial_and_combine_build_cubins():
@@ -61,35 +95,35 @@ def reference(q, kv, layout, idx, scale):
     return rows, idx >= 0, sparse_mla_ref(q, rows, idx >= 0, scale)
 
 
+def _config(block, heads, splits, schedule=Schedule.SERIAL, stages=1):
+    group = 64 if heads % 64 == 0 else 16
+    return SparseMlaConfig(block, group, splits, threads_for(schedule, group), schedule, stages)
+
+
+# (schedule, block, stages, heads, splits, width): odd tile counts (stage 1 of the last pair lies
+# past the split), a width below one tile, more splits than tiles, every layout
+SHAPES = [(Schedule.SERIAL, 32, 1, 16, 1, 2112), (Schedule.SERIAL, 128, 1, 16, 1, 2051),
+          (Schedule.SERIAL, 128, 1, 64, 3, 300), (Schedule.SERIAL, 32, 1, 64, 2, 33),
+          (Schedule.SERIAL, 128, 1, 16, 4, 1),
+          (Schedule.WS, 64, 2, 16, 1, 2051), (Schedule.WS, 64, 2, 64, 1, 2112),
+          (Schedule.WS, 64, 2, 64, 3, 300), (Schedule.WS, 64, 2, 16, 4, 33),
+          (Schedule.WS, 64, 2, 64, 16, 130),
+          (Schedule.PIPELINED, 64, 2, 16, 1, 2051), (Schedule.PIPELINED, 64, 3, 64, 2, 300),
+          (Schedule.PIPELINED, 64, 2, 64, 4, 33)]
 CASES = [
-    pytest.param(fmt, block, heads, splits, width,
-                 id=f"{fmt.value}-b{block}-h{heads}-s{splits}-w{width}")
-    for fmt in KVFormat
-    for block, heads, splits, width in [(32, 16, 1, 2112), (128, 16, 1, 2051), (128, 64, 3, 300),
-                                        (32, 64, 2, 33), (128, 16, 4, 1)]
+    pytest.param(fmt, sched, block, stages, heads, splits, width,
+                 id=f"{_config(block, heads, 1, sched, stages).name}-{fmt.value}"
+                    f"-s{splits}-w{width}")
+    for fmt in KVFormat for sched, block, stages, heads, splits, width in SHAPES
 ]
 
 
-@pytest.fixture(scope="module")
-def compiled_kernels():
-    """Build every kernel this module runs at once (nvcc in parallel), not one per test."""
-    jobs = [(MlaKVLayout(fmt, 512), _config(block, heads, 1)) for fmt in KVFormat
-            for block, heads in [(32, 16), (128, 16), (128, 64), (32, 64)]]
-    jobs += [(MlaKVLayout(KVFormat.FP8_SCALED, r), _config(32, 16, 1)) for r in (32, 64)]
-    sm.precompile(jobs)
-
-
-def _config(block, heads, splits):
-    group = 64 if heads % 64 == 0 else 16
-    return SparseMlaConfig(block, group, splits, 256 if group == 64 else 128)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,block,heads,splits,width", CASES)
-def test_kernel_matches_reference(compiled_kernels, fmt, block, heads, splits, width):
+@pytest.mark.parametrize("fmt,sched,block,stages,heads,splits,width", CASES)
+def test_kernel_matches_reference(fmt, sched, block, stages, heads, splits, width):
     layout = MlaKVLayout(fmt, 512)
     q, kv, idx = gpu_inputs(6, heads, 512, width, 5000, layout)
-    cfg = _config(block, heads, splits)
+    cfg = _config(block, heads, splits, sched, stages)
     rows, valid, ref = reference(q, kv, layout, idx, 1 / 16)
     po, pl = sm.sparse_mla_partial(q, kv, layout, idx, 1 / 16, cfg)
     ref_po, ref_pl = sparse_mla_partial_ref(q, rows, valid, 1 / 16, block, splits)
@@ -104,10 +138,34 @@ def test_kernel_matches_reference(compiled_kernels, fmt, block, heads, splits, w
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", list(KVFormat), ids=[f.value for f in KVFormat])
+@pytest.mark.parametrize("rows,heads", [(264, 16), (5, 16), (40, 64), (3, 64)],
+                         ids=["M264-h16", "M5-h16", "M40-h64", "M3-h64"])
+def test_rule_pick_matches_reference(rows, heads, fmt):
+    """What ``sparse_mla_fwd`` runs with no config (the rule's pick on this GPU), full width."""
+    layout = MlaKVLayout(fmt, 512)
+    q, kv, idx = gpu_inputs(rows, heads, 512, 2112, 20000, layout, seed=2)
+    idx[:, 2051:] = -1  # 2048 top-k + 3 tail, padded as the model pads
+    out, _ = sm.sparse_mla_fwd(q, kv, layout, idx, 512**-0.5)
+    for s in range(0, rows, 66):  # the reference gathers [rows, W, R] fp32: in chunks
+        sl = slice(s, s + 66)
+        assert_close(f"rule pick {choose_block(sm.GpuArch.current(), layout, rows, heads).name}",
+                     reference(q[sl], kv, layout, idx[sl], 512**-0.5)[2], out[sl], "bf16")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("heads,rank", [(2, 32), (20, 64), (64, 512)])
-def test_fwd_pads_heads_and_uses_the_rule(compiled_kernels, heads, rank):
+def test_fwd_pads_heads_and_uses_the_rule(heads, rank):
     layout = MlaKVLayout(KVFormat.FP8_SCALED, rank)
     q, kv, idx = gpu_inputs(5, heads, rank, 70, 400, layout, seed=1)
     out, _ = sm.sparse_mla_fwd(q, kv, layout, idx, rank**-0.5)
     assert_close("fwd", reference(q, kv, layout, idx, rank**-0.5)[2], out, "bf16")
     assert choose_block(sm.GpuArch.current(), layout, 5, heads).num_splits > 1  # exercised Combine
+
+
+@pytest.mark.gpu
+def test_v1_entry_runs_the_first_generation():
+    layout = MlaKVLayout(KVFormat.BF16, 512)
+    q, kv, idx = gpu_inputs(6, 16, 512, 300, 2000, layout, seed=3)
+    out, _ = sm.sparse_mla_fwd_v1(q, kv, layout, idx, 1 / 16)
+    assert_close("v1", reference(q, kv, layout, idx, 1 / 16)[2], out, "bf16")
