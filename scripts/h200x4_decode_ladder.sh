@@ -127,7 +127,7 @@ esac
 
 stamp "bench $STAGE"
 # shellcheck disable=SC2086
-timeout 560 $PY -m glmlab.distributed.bench_tp $TARGET --num-prompts "$NUM_PROMPTS" $ARGS \
+timeout 560 $PY -m glmlab.bench.engine_tp $TARGET --num-prompts "$NUM_PROMPTS" $ARGS \
   --rungs "@$RUNGS" --override "$OVERRIDE" --out "$OUT" --tag "$TAG"
 echo "bench exit $?"
 stamp done

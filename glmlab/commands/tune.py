@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
+from glmlab.bench.routing import capture_routing
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.kernels.moe.configs import CONFIG_DIR, MoEShape, merge_tables, read_table, save_table
 from glmlab.kernels.moe.fused_moe import device_name
 from glmlab.kernels.moe.samples import (
     RoutingSamples,
-    capture_routing,
     local_ids,
     routes_for_m,
     uniform_samples,

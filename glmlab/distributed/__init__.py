@@ -10,6 +10,7 @@
 - ``tp``: ``apply_tp``, tensor (heads, MLP channels) + expert parallelism on replicated tokens;
 - ``engine_tp``: the engine under TP, every rank in step (``LeaderEngine`` / ``follow``);
 - ``tp_check``: the same requests through one engine and a TP engine, for comparisons;
-- ``random_shard``: a rank's shard of a random checkpoint drawn in place (full size, no disk);
-- ``bench_tp``: decode / prefill throughput of a TP engine on N ranks, rung by rung.
+- ``random_shard``: a rank's shard of a random checkpoint drawn in place (full size, no disk).
+
+Their benchmarks live in ``glmlab.bench`` (``engine_tp``, ``ops_cp``, ``cp_report``).
 """

@@ -1,8 +1,8 @@
 """Routing samples: the top-k expert ids a model chose, per MoE layer and forward step.
 
 A sample is one router call: ``ids`` [T, A] for the T tokens of one step at one layer. Samples are
-captured from real model runs (``capture_routing``: forward hooks on every router, a prefill of
-some prompts then greedy decode steps) or read from a file, and turned into M-token routes for
+captured from real model runs (``glmlab.bench.routing.capture_routing``, a layer above the model)
+or read from a file, and turned into M-token routes for
 the tuner and benchmarks (``routes_for_m``) with the skew of real routing kept: the rows of one
 route come from one layer (pooled over its steps), as in a real batch.
 
@@ -142,47 +142,3 @@ def padded_rows(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[int,
     counts = torch.bincount(ids[(ids >= 0) & (ids < num_experts)].reshape(-1),
                             minlength=num_experts)
     return int(counts.sum()), int(((counts + block_m - 1) // block_m * block_m).sum())
-
-
-@torch.inference_mode()
-def capture_routing(model, prompts: list[list[int]], decode_steps: int, source: str = "",
-                    chunk: int | None = None) -> RoutingSamples:
-    """Run ``model`` (a ``GLM5Model``) on ``prompts`` and record every router's top-k ids.
-
-    The prompts are prefilled together, ``chunk`` tokens per sequence per step (all at once when
-    None); then each step decodes one greedy token per prompt. Every forward is one step; MoE
-    layers are identified by their index in ``model.layers``.
-    """
-    from glmlab.model.moe import Router
-    from glmlab.model.session import Session
-
-    captured: list[RoutingSample] = []
-    step = [0]
-    hooks = []
-    for name, mod in model.named_modules():
-        match = re.fullmatch(r"layers\.(\d+)\.mlp\.gate", name)
-        if isinstance(mod, Router) and match:
-            layer = int(match.group(1))
-
-            def hook(_mod, _inp, out, layer=layer):
-                captured.append(RoutingSample(layer, step[0], out[1].detach().long().cpu()))
-
-            hooks.append(mod.register_forward_hook(hook))
-    try:
-        longest = max(map(len, prompts))
-        session = Session(model, num_seqs=len(prompts), max_len=longest + decode_steps + 1)
-        chunk = chunk or longest
-        for start in range(0, longest, chunk):
-            part = {i: p[start:start + chunk] for i, p in enumerate(prompts)
-                    if p[start:start + chunk]}
-            logits = dict(zip(part, session.logits(part), strict=True))
-            step[0] += 1
-        for _ in range(decode_steps):
-            nxt = {i: [int(lg[-1].argmax())] for i, lg in logits.items()}
-            logits = dict(zip(nxt, session.logits(nxt), strict=True))
-            step[0] += 1
-    finally:
-        for h in hooks:
-            h.remove()
-    cfg = model.cfg.moe
-    return RoutingSamples(tuple(captured), cfg.num_experts, cfg.top_k, source)

@@ -12,7 +12,12 @@ import torch.distributed as dist
 
 from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.presets_dir import preset_checkpoint
-from glmlab.distributed.check import PrefillCase, cp_logits, cp_prefill_logits, single_prefill_logits
+from glmlab.distributed.check import (
+    PrefillCase,
+    cp_logits,
+    cp_prefill_logits,
+    single_prefill_logits,
+)
 from glmlab.distributed.cp import CPConfig, CPPrefill
 from glmlab.distributed.ep_moe import EPMoE, MoEDispatch
 from glmlab.distributed.fp8_packet import PacketKernels

@@ -205,7 +205,7 @@ def test_moe_reference_skips_other_ranks_experts():
 @pytest.mark.parametrize("mode", ["mixed", "pd"])
 def test_bench_loop_counts_every_token(mode):
     """The TP benchmark's closed loop (one process here): every request, every token, timed."""
-    from glmlab.distributed.bench_tp import BenchSpec, Rung, Workload, build_shard, run_rung
+    from glmlab.bench.engine_tp import Rung, TPBenchConfig, Workload, build_shard, run_rung
     from glmlab.distributed.parallel import ProcessGroups
 
     options = {"page_size": 16, "cache_bytes": 4 << 20, "context_len": 128}
@@ -213,7 +213,7 @@ def test_bench_loop_counts_every_token(mode):
                 prefill_engine=options)
     work = Workload(num_prompts=5, input_len=70, output_len=4, shared_prefix_ratio=0.5,
                     concurrency=3)
-    spec = BenchSpec(ParallelLayout(), (rung,), work)
+    spec = TPBenchConfig(ParallelLayout(), (rung,), work)
     groups = ProcessGroups.single()
     row = run_rung(spec, build_shard(spec, groups), groups, rung)
     assert row["requests"] == 5 and row["output_tokens"] == 5 * 4

@@ -8,10 +8,9 @@ import json
 
 import pytest
 
+from glmlab.core import Phase, SamplingParams
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
-from glmlab.core import SamplingParams
-from glmlab.core import Phase
 from glmlab.speculative.config import SpecConfig
 from glmlab.speculative.dflash_io import write_random_draft
 from glmlab.speculative.oracle import OracleDrafter
@@ -162,3 +161,25 @@ def test_sampled_requests_speculate_with_their_own_generators(tiny_model, tmp_pa
         assert runs[0] == runs[1]
         assert all(len(o) == 12 and all(0 <= t < tiny_model.cfg.vocab_size for t in o)
                    for o in runs[0])
+
+
+def test_speculative_logprobs_equal_plain_decoding(tiny_model, plain):
+    """Emitted tokens' logprobs come from the verify logits: the same numbers plain decoding
+    reports (up to the window's reassociated sums), for windows accepted in part or whole."""
+    params = SamplingParams(max_new_tokens=14, ignore_eos=True, logprobs=2)
+    reference = [p + o for p, o in zip(PROMPTS, plain, strict=True)]
+    records = {}
+    for name, spec in (("plain", None), ("mtp", MTP718)):
+        engine = _engine(tiny_model, spec)
+        if spec is not None:
+            _oracle(engine, reference, {1: {26, 30}})
+        rids = [engine.add_request(p, params) for p in PROMPTS]
+        outs = []
+        while engine.has_work:
+            outs += engine.step()
+        records[name] = [[lp for o in outs if o.rid == r for lp in o.logprobs] for r in rids]
+    assert any(len(o.new_token_ids) > 1 for o in outs)  # windows emitted several tokens
+    for a, b, want in zip(records["plain"], records["mtp"], plain, strict=True):
+        assert [x.token_id for x in a] == [x.token_id for x in b] == want
+        assert max(abs(x.logprob - y.logprob) for x, y in zip(a, b, strict=True)) < 1e-4
+        assert [[t for t, _ in x.top] for x in a] == [[t for t, _ in y.top] for y in b]

@@ -8,9 +8,9 @@ import torch
 
 from glmlab.checkpoint import load_model
 from glmlab.checkpoint.presets_dir import preset_checkpoint
+from glmlab.core import SamplingParams
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
-from glmlab.core import SamplingParams
 from glmlab.speculative.check import lossless_check
 from glmlab.speculative.config import SpecConfig
 from glmlab.speculative.dflash_io import write_random_draft

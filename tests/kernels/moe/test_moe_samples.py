@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from glmlab import presets
+from glmlab.bench.routing import capture_routing
 from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.writer import write_random_checkpoint
 from glmlab.kernels.moe.samples import (
     RoutingSample,
     RoutingSamples,
-    capture_routing,
     local_ids,
     padded_rows,
     routes_for_m,

@@ -1,15 +1,15 @@
 """Decode and prefill throughput of a TP/EP engine on N local ranks, rung by rung, as JSONL.
 
-    python -m glmlab.distributed.bench_tp --ranks 2 --preset tiny --num-prompts 8 --input-len 200 \\
+    python -m glmlab.bench.engine_tp --ranks 2 --preset tiny --num-prompts 8 --input-len 200 \\
         --output-len 16 --shared-prefix-ratio 0.9 --rungs '[{"name": "base"}]'
     scripts/h200x4_decode_ladder.sh     # the seed's decode ladder at TP4/EP4, full size
 
 Every rank builds its shard once (``--model DIR``: load + ``apply_tp``; ``--preset NAME``: the
 random checkpoint drawn in place by ``random_tp_model``, no disk), then runs each rung: an engine
-(``EngineConfig`` fields from the rung) driven closed-loop with ``concurrency`` requests in
-flight (0: the running-request limit + 4, just above it, as the seed sets its client). Every
-rank runs the same program (``engine_tp``); rank 0 takes the times and the ranks' outputs are
-checked equal at the end. Modes:
+around the shard (``EngineConfig`` fields from the rung) driven closed-loop with ``concurrency``
+requests in flight (0: the running-request limit + 4, just above it, as the seed sets its
+client). Every rank runs the same program (``glmlab.distributed.engine_tp``); rank 0 takes the
+times and the ranks' outputs are checked equal at the end. Modes:
 
 - ``mixed``: one engine prefills and decodes. With ``radix=kv_and_state`` a shared prefix is
   computed once (the warm-up request) and each request computes only its own tail.
@@ -42,7 +42,7 @@ import torch.distributed as dist
 from glmlab import presets
 from glmlab.bench.ops import write_rows
 from glmlab.cache.budget import GIB
-from glmlab.checkpoint.loader import load_model
+from glmlab.core import SamplingParams
 from glmlab.distributed.engine_tp import build_tp_engine, digest, same_on_all_ranks
 from glmlab.distributed.parallel import ParallelLayout, ProcessGroups, launch
 from glmlab.distributed.random_shard import random_tp_model
@@ -50,7 +50,7 @@ from glmlab.distributed.tp import apply_tp
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
 from glmlab.engine.local_pd import LocalPD
-from glmlab.core import SamplingParams
+from glmlab.engine.model_runner import load_model_for
 from glmlab.model.backends import Backends
 from glmlab.model.glm import GLM5Model
 
@@ -86,7 +86,7 @@ class Rung:
 
 
 @dataclass(frozen=True)
-class BenchSpec:
+class TPBenchConfig:
     layout: ParallelLayout
     rungs: tuple[Rung, ...]
     workload: Workload
@@ -100,27 +100,27 @@ class BenchSpec:
     cpu_threads: int = 0
 
 
-def engine_config(spec: BenchSpec, options: dict) -> EngineConfig:
+def engine_config(bench: TPBenchConfig, options: dict) -> EngineConfig:
     options = dict(options)
     if isinstance(options.get("backends"), dict):
         options["backends"] = Backends(**options["backends"])
-    return EngineConfig(device=_device(spec), dtype=spec.dtype, **options)
+    return EngineConfig(device=_device(bench), dtype=bench.dtype, **options)
 
 
-def _device(spec: BenchSpec) -> str:
-    return f"cuda:{torch.cuda.current_device()}" if spec.device.startswith("cuda") else "cpu"
+def _device(bench: TPBenchConfig) -> str:
+    return f"cuda:{torch.cuda.current_device()}" if bench.device.startswith("cuda") else "cpu"
 
 
-def build_shard(spec: BenchSpec, groups: ProcessGroups) -> GLM5Model:
-    dtype, device = DTYPES[spec.dtype], _device(spec)
-    if spec.model:
-        model = load_model(spec.model, dtype=dtype, device=device, fp8=spec.fp8_weights)
-        return apply_tp(model, groups)
-    config = presets.preset(spec.preset)
-    if not spec.fp8:
+def build_shard(bench: TPBenchConfig, groups: ProcessGroups) -> GLM5Model:
+    dtype, device = DTYPES[bench.dtype], _device(bench)
+    if bench.model:
+        cfg = engine_config(bench, {"fp8_weights": bench.fp8_weights})
+        return apply_tp(load_model_for(bench.model, cfg), groups)
+    config = presets.preset(bench.preset)
+    if not bench.fp8:
         config.pop("quantization_config", None)
-    return random_tp_model(config, groups, seed=spec.weight_seed, fp8=spec.fp8,
-                           fp8_mode=spec.fp8_weights, dtype=dtype, device=device)
+    return random_tp_model(config, groups, seed=bench.weight_seed, fp8=bench.fp8,
+                           fp8_mode=bench.fp8_weights, dtype=dtype, device=device)
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -155,7 +155,7 @@ def run_mixed(engine: Engine, prompts: list[list[int]], params: SamplingParams,
             run.added[rid] = time.perf_counter()
             live.add(rid)
         outs = engine.step()
-        run.record(outs, len(engine.scheduler.running))
+        run.record(outs, engine.stats().running)
         live -= {o.rid for o in outs if o.finished}
     run.end = time.perf_counter()
     return run
@@ -177,7 +177,7 @@ def run_pd(pd: LocalPD, prompts: list[list[int]], params: SamplingParams,
                 run.events[h.rid] = [(now, 1)]
                 live.add(h.rid)
         outs = pd.decode.step()
-        run.record(outs, len(pd.decode.scheduler.running))
+        run.record(outs, pd.decode.stats().running)
         live -= {o.rid for o in outs if o.finished}
     run.end = time.perf_counter()
     return run
@@ -212,16 +212,15 @@ def pools(engine: Engine) -> dict:
                 caps=[f"{c.kind} {c.value}: {c.reason}" for c in b.caps])
 
 
-def run_rung(spec: BenchSpec, model: GLM5Model, groups: ProcessGroups, rung: Rung) -> dict:
-    w, vocab = spec.workload, model.cfg.vocab_size
+def run_rung(bench: TPBenchConfig, model: GLM5Model, groups: ProcessGroups, rung: Rung) -> dict:
+    w, vocab = bench.workload, model.cfg.vocab_size
     params = SamplingParams(max_new_tokens=w.output_len, ignore_eos=True)
-    cfg = engine_config(spec, rung.engine)
-    model.use_backends(cfg.backends)
+    cfg = engine_config(bench, rung.engine)  # its backends are bound by each engine's runner
     if rung.mode == "pd":
-        if spec.device.startswith("cuda") and "cache_bytes" not in rung.prefill_engine:
+        if bench.device.startswith("cuda") and "cache_bytes" not in rung.prefill_engine:
             raise ValueError(f"rung {rung.name}: a pd rung shares the GPUs between two engines; "
                              "give prefill_engine.cache_bytes (the decode engine takes the rest)")
-        pre_cfg = engine_config(spec, {"radix": "kv_and_state", **rung.prefill_engine})
+        pre_cfg = engine_config(bench, {"radix": "kv_and_state", **rung.prefill_engine})
         pre = build_tp_engine(model, pre_cfg, groups)
         engine = build_tp_engine(model, cfg, groups)
         pd = LocalPD(pre, engine)
@@ -241,32 +240,32 @@ def run_rung(spec: BenchSpec, model: GLM5Model, groups: ProcessGroups, rung: Run
     same_on_all_ranks(run.outputs, groups.tp)
     info = groups.info
     row = dict(bench="tp-decode", rung=rung.name, mode=rung.mode, tp=info.tp_size,
-               ep=info.ep_size, model=spec.model or f"random:{spec.preset}", fp8=spec.fp8,
-               fp8_weights=spec.fp8_weights, dtype=spec.dtype, device=spec.device,
+               ep=info.ep_size, model=bench.model or f"random:{bench.preset}", fp8=bench.fp8,
+               fp8_weights=bench.fp8_weights, dtype=bench.dtype, device=bench.device,
                backend=dist.get_backend() if dist.is_initialized() else None,
                **dataclasses.asdict(w) | {"concurrency": concurrency},
                engine=cfg.describe(), pools_per_gpu=pools(engine),
                **summarize(run, w.num_prompts * w.input_len), seed_figures=rung.seed)
     if engine.spec is not None:
         row["speculative"] = engine.spec.summary()
-    if spec.device.startswith("cuda"):
+    if bench.device.startswith("cuda"):
         row["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / GIB
     return row
 
 
-def rank_main(spec: BenchSpec) -> list[dict]:
+def rank_main(bench: TPBenchConfig) -> list[dict]:
     """Per-rank entry for ``parallel.launch``; returns the rows (rank 0's times)."""
-    if spec.cpu_threads:
-        torch.set_num_threads(spec.cpu_threads)
-    groups = ProcessGroups.build(spec.layout)
+    if bench.cpu_threads:
+        torch.set_num_threads(bench.cpu_threads)
+    groups = ProcessGroups.build(bench.layout)
     start = time.perf_counter()
-    model = build_shard(spec, groups)
+    model = build_shard(bench, groups)
     build_s = time.perf_counter() - start
     rows = []
-    for rung in spec.rungs:
+    for rung in bench.rungs:
         with torch.inference_mode():
-            rows.append({**run_rung(spec, model, groups, rung), "shard_build_s": build_s})
-        if spec.device.startswith("cuda"):
+            rows.append({**run_rung(bench, model, groups, rung), "shard_build_s": build_s})
+        if bench.device.startswith("cuda"):
             torch.cuda.empty_cache()
         if groups.info.rank == 0:
             print(json.dumps({k: rows[-1][k] for k in ("rung", "output_tok_s", "mean_tpot_ms",
@@ -323,10 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     rungs = tuple(with_override(Rung(**r), override) for r in json.loads(text))
     workload = Workload(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Workload)})
     layout = ParallelLayout(tp=args.ranks, ep=args.ep or args.ranks)
-    spec = BenchSpec(layout, rungs, workload, args.model, args.preset, args.fp8,
+    bench = TPBenchConfig(layout, rungs, workload, args.model, args.preset, args.fp8,
                      args.fp8_weights, args.weight_seed, args.dtype, args.device, args.cpu_threads)
     backend = "nccl" if args.device.startswith("cuda") else "gloo"
-    rows = launch(rank_main, args.ranks, spec, backend=backend)[0]
+    rows = launch(rank_main, args.ranks, bench, backend=backend)[0]
     path = write_rows(rows, Path(args.out), "tp-decode" + (f"-{args.tag}" if args.tag else ""),
                       warmup="1 request per rung", repetitions=1)
     print(f"{len(rows)} rows -> {path}", file=sys.stderr)
