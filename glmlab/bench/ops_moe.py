@@ -1,69 +1,82 @@
-"""MoE kernel benchmark (``python -m glmlab.bench.ops --op moe``): tuned vs default vs torch.
+"""MoE kernel benchmark, kernel to kernel (``python -m glmlab.bench.ops_moe --stream FILE``).
 
 GLM-5.3-Flash shapes: D 4096, I 2048, top-8; E = 288 (one rank holds every expert) and E = 72
-(rank 0 of EP4: routes over 288 experts, other ranks' pairs dropped). For each M (tokens before
-top-k) one route is drawn from routing samples (``--samples``; uniform top-k without them) and
-the routed-expert MoE is timed (CUDA graphs, L2 flushed between calls) as:
+(EP4 rank 0: routes over 288 experts, other ranks' pairs dropped). Routes are uniform top-8 over
+288 experts (seed = M; ``--samples FILE`` uses captured routing instead). Inputs are the same
+tensors for every variant: E4M3 weights with non-uniform 128x128 block scales, x quantised per
+token per 128 channels. Timing: CUDA graphs, a 96 MB L2 flush before each call (flush subtracted).
 
-- ``triton_tuned``: ``fused_moe`` with ``choose_config(M, table)`` from the tuned table;
-- ``triton_default``: the same kernels with the untuned default config;
-- ``torch_loop``: per expert ``torch._scaled_mm`` (FP8, row-wise scales) + torch SwiGLU/quant;
-- ``torch_grouped``: ``torch._scaled_grouped_mm`` (one CUTLASS grouped GEMM per projection).
+``op = "gemm"`` rows (one projection, ``proj`` up / down), each saying what it includes:
 
-Each row has microseconds, weight-streaming TB/s and FP8 TFLOP/s and their fractions of the
-ceilings measured in the same run (HBM copy bandwidth, ``torch._scaled_mm`` 8192^3 peak).
-``act_quant`` rows compare the fused SwiGLU + FP8 quantisation kernel with the unfused pair at
-8192 tokens. GPU only.
+- ``glmlab_grouped[cfg]``: grouped_triton, every candidate of ``GROUPED_CANDIDATES`` plus the
+  untuned choice; up *includes* the SwiGLU + FP8 requant epilogue (its output is E4M3).
+- ``glmlab_previous``: gemm_triton with its tuned table (up writes bf16, no activation).
+- ``sglang``: SGLang 0.5.23's ``fused_moe_kernel`` (its wheel, its shipped H200 table for E=72,
+  its default for E=288), up writes bf16.
+- ``torch_block_loop``: per expert ``torch._scaled_mm`` with 1x128 / 128x128 block scales (the
+  same recipe), rows pre-gathered and padded to 16; ``torch_grouped_block``: one
+  ``F.scaled_grouped_mm`` with block scales, where torch supports it (else the error).
+
+``op = "moe"`` rows: the whole routed MoE from (x bf16, ids, weights) to [T, D], every step
+timed: ``glmlab_grouped`` (align + quant + up/act + down + combine), ``glmlab_grouped_best``
+(the best same-block_m up/down pair of this case's GEMM rows), ``glmlab_previous`` (align +
+quant + up + act/quant + down + combine), ``sglang`` (glmlab's align and quantisation, SGLang's
+up GEMM, act_and_mul with the clamp and down GEMM, glmlab's combine). ``op = "check"``: relative
+error of each whole MoE against the fp32 W8A8 reference. Rates: FP8 TFLOP/s (2·rows·N·K per
+GEMM), weight TB/s (touched experts' E4M3 weights + scales once) and their fractions of the
+ceilings measured in the same run. GPU only; each variant is guarded (errors become rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 import torch
+import triton
 
 from glmlab.kernels.fp8.quant_triton import quant_act_fp8_triton
-from glmlab.kernels.fp8.ref import FP8, FP8_MAX, dequant_block_fp8
-from glmlab.kernels.moe.act_triton import _launch_swiglu, swiglu, swiglu_quant
-from glmlab.kernels.moe.configs import (
-    CONFIG_DIR,
-    DEFAULT_CONFIG,
-    MoEShape,
-    choose_config,
-    read_table,
+from glmlab.kernels.fp8.ref import FP8
+from glmlab.kernels.moe import peers
+from glmlab.kernels.moe.act_triton import combine
+from glmlab.kernels.moe.configs import MoEShape, choose_config, read_table
+from glmlab.kernels.moe.fused_grouped import (
+    GROUPED_CANDIDATES,
+    PREFILL,
+    choose_grouped,
+    fused_moe_grouped,
 )
 from glmlab.kernels.moe.fused_moe import device_name, fused_moe
-from glmlab.kernels.moe.ref import clamped_swiglu, moe_experts_fp8_ref, swiglu_quant_ref
+from glmlab.kernels.moe.gemm_triton import moe_gemm_down, moe_gemm_up
+from glmlab.kernels.moe.grouped_triton import GroupedConfig, grouped_down, grouped_up
+from glmlab.kernels.moe.permute_triton import gather_quant
+from glmlab.kernels.moe.ref import moe_experts_fp8_ref
 from glmlab.kernels.moe.routing_triton import align_pairs
-from glmlab.kernels.moe.samples import RoutingSamples, local_ids, routes_for_m, uniform_routes
 from glmlab.kernels.moe.timing import GraphTimer
 from glmlab.kernels.moe.tuner import Problem
 
-TOKENS = (1, 16, 64, 128, 256, 768, 1024, 4096, 8192)
-TIMING = {"warmup": "1 call + graph capture", "repetitions": "median of 5 graph replays"}
-DEFAULT_SAMPLES = Path("data/routing/slice4-layer3.safetensors")
+TOKENS = (8192, 1024, 64, 8, 1)  # most informative first: a time budget cuts the tail
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="glmlab.bench.ops --op moe")
+    p = argparse.ArgumentParser(prog="glmlab.bench.ops_moe")
     p.add_argument("--experts", default="288,72", help="local expert counts (288 = all)")
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
-    p.add_argument("--configs", default=str(CONFIG_DIR), help="tuned table directory")
-    p.add_argument("--samples", default=str(DEFAULT_SAMPLES), help="routing samples")
-    p.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
-    p.add_argument("--time-budget", type=float, help="seconds; later (E, M) cases are skipped")
+    p.add_argument("--intermediate", type=int, default=2048, help="moe_intermediate_size")
+    p.add_argument("--samples", help="routing samples file (default: uniform top-8)")
+    p.add_argument("--sglang-wheel", help="sglang wheel (default: .whl/sglang-*.whl)")
+    p.add_argument("--candidates", default="all", choices=("all", "default"))
+    p.add_argument("--no-ws", action="store_true", help="skip warp-specialised candidates")
+    p.add_argument("--check-m", type=int, default=64, help="M of the numerics check rows")
+    p.add_argument("--time-budget", type=float, help="seconds; later cases are skipped")
+    p.add_argument("--stream", help="append each case's rows to this JSONL file as it goes")
     return p.parse_args(argv)
 
 
 def measure_ceilings() -> dict:
-    """HBM bandwidth and the FP8 ``torch._scaled_mm`` rate, measured now (eager, do_bench).
-
-    ``hbm_copy_tbs`` counts a 2 GiB device copy's bytes read + written (docs/platform.md's measure);
-    ``hbm_read_tbs`` a 2 GiB reduction's bytes read (what weight streaming is). Not in CUDA
-    graphs: a captured D2D copy becomes a copy-engine node, measured here at ~2.8 TB/s.
-    """
+    """HBM bandwidth and the FP8 ``torch._scaled_mm`` 8192^3 rate, measured now (eager)."""
     import triton.testing
 
     def us(fn) -> float:
@@ -73,8 +86,7 @@ def measure_ceilings() -> dict:
     dst = torch.empty_like(src)
     copy_us, read_us = us(lambda: dst.copy_(src)), us(lambda: src.sum(dtype=torch.float32))
     n = 8192
-    a = torch.randn(n, n, device="cuda").to(FP8)
-    b = torch.randn(n, n, device="cuda").to(FP8)
+    a, b = (torch.randn(n, n, device="cuda").to(FP8) for _ in range(2))
     one = torch.ones((), device="cuda")
     mm_us = us(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16))
     nbytes = src.numel() * src.element_size()
@@ -82,210 +94,314 @@ def measure_ceilings() -> dict:
             "fp8_scaled_mm_tflops": 2 * n ** 3 / mm_us / 1e6}
 
 
-def _route(samples: RoutingSamples | None, m: int, e: int, seed: int) -> torch.Tensor:
-    if samples is None:
-        ids = uniform_routes(288, 8, m, 1, seed)[0]
-    else:
-        ids = routes_for_m(samples, m, 1, seed)[0]
-    return local_ids(ids, 0, e).cuda()
-
-
-def _quant_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    s = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / FP8_MAX
-    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
-
-
-def rowwise_weights(p: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The experts requantised with one scale per output row (what ``torch._scaled_mm`` takes):
-    (w13 [E, 2I, D], s13 [E, 2I], w2, s2), the same matrices up to E4M3 rounding."""
-    out = []
-    for w, s in ((p.w13, p.w13_scale), (p.w2, p.w2_scale)):
-        q = torch.empty_like(w)
-        scale = torch.empty(w.shape[:2], dtype=torch.float32, device=w.device)
-        for e in range(w.shape[0]):
-            q[e], row = _quant_rows(dequant_block_fp8(w[e], s[e], torch.float32, p.shape.block))
-            scale[e] = row[:, 0]
-        out += [q, scale]
-    return tuple(out)
-
-
-def torch_loop(p: Problem, rw, x, ids, w):
-    """Per-expert FP8 ``torch._scaled_mm``; the per-expert row lists are made outside the timing."""
-    (w13, s13, w2, s2), inter, groups = rw, p.shape.intermediate, []
-    for e in torch.unique(ids[ids >= 0]).tolist():
-        tok, slot = torch.where(ids == e)
-        groups.append((e, tok, w[tok, slot, None].to(x.dtype)))
-
-    def run():
-        out = torch.zeros_like(x)
-        for e, tok, wt in groups:
-            a, sa = _quant_rows(x[tok])
-            h = torch._scaled_mm(a, w13[e].t(), sa, s13[e][None], out_dtype=x.dtype)
-            y, sy = _quant_rows(clamped_swiglu(h[:, :inter], h[:, inter:], p.limit))
-            o = torch._scaled_mm(y, w2[e].t(), sy, s2[e][None], out_dtype=x.dtype)
-            out.index_add_(0, tok, o * wt)
-        return out
-    return run
-
-
-def torch_grouped(p: Problem, rw, x, ids, w):
-    """``torch._scaled_grouped_mm`` over rows sorted by expert, each expert padded to 16 rows."""
-    align = align_pairs(ids, p.shape.num_experts, 16)
-    n = int(align.num_padded.item())
-    pair = align.sorted_ids[:n].long()
-    valid = pair < ids.numel()
-    tok = torch.where(valid, pair // ids.shape[1], 0)
-    wt = torch.where(valid, w.reshape(-1)[pair.clamp(max=ids.numel() - 1)], 0.0).to(x.dtype)
-    counts = torch.bincount(align.expert_ids[:n // 16].long(), minlength=p.shape.num_experts)
-    offs = (counts * 16).cumsum(0).to(torch.int32)
-    (w13, s13, w2, s2), inter = rw, p.shape.intermediate
-
-    def run():
-        a, sa = _quant_rows(x[tok])
-        h = torch._scaled_grouped_mm(a, w13.transpose(1, 2), sa.flatten(), s13, offs=offs,
-                                     out_dtype=x.dtype)
-        y, sy = _quant_rows(clamped_swiglu(h[:, :inter], h[:, inter:], p.limit))
-        o = torch._scaled_grouped_mm(y, w2.transpose(1, 2), sy.flatten(), s2, offs=offs,
-                                     out_dtype=x.dtype)
-        return torch.zeros_like(x).index_add_(0, tok, o * wt[:, None])
-    return run
-
-
 def _rates(us: float, weight_bytes: int, flops: int, ceil: dict) -> dict:
-    """Rates and their fractions of the measured ceilings; the HBM ceiling is the larger of the
-    copy and read rates, the roofline time max(bytes / HBM, FLOPs / FP8 peak)."""
     hbm = max(ceil["hbm_copy_tbs"], ceil["hbm_read_tbs"])
     tbs, tflops = weight_bytes / us / 1e6, flops / us / 1e6
-    bound_us = max(weight_bytes / hbm, flops / ceil["fp8_scaled_mm_tflops"]) / 1e6
     return dict(us=us, weight_tbs=tbs, tflops=tflops, frac_hbm=tbs / hbm,
-                frac_fp8=tflops / ceil["fp8_scaled_mm_tflops"], roofline_frac=bound_us / us)
+                frac_fp8=tflops / ceil["fp8_scaled_mm_tflops"])
 
 
-def bench_moe(p: Problem, ids, m: int, table, ceil: dict, timer, rw=None) -> list[dict]:
-    """One (E, M) case: every variant timed on the same route; ``rw``: rowwise_weights(p) or None
-    to skip the torch baselines. Each torch baseline's relative error to the tuned Triton output
-    is recorded (they use row-wise scales, so a few percent is expected)."""
-    x, w = p.activations(m, seed=m)
-    shape = p.shape
-    pairs = int(((ids >= 0) & (ids < shape.num_experts)).sum())
-    touched = int(torch.unique(ids[ids >= 0]).numel())
-    per_expert = 3 * shape.hidden * shape.intermediate + 4 * (p.w13_scale[0].numel()
-                                                              + p.w2_scale[0].numel())
-    weight_bytes, flops = touched * per_expert, 6 * pairs * shape.hidden * shape.intermediate
-    tuned = choose_config(m, table)
-    variants = {"triton_tuned": lambda: fused_moe(x, ids, w, p.w13, p.w2, p.limit, p.w13_scale,
-                                                  p.w2_scale, shape.block, tuned),
-                "triton_default": lambda: fused_moe(x, ids, w, p.w13, p.w2, p.limit,
-                                                    p.w13_scale, p.w2_scale, shape.block,
-                                                    (DEFAULT_CONFIG, DEFAULT_CONFIG))}
-    if rw is not None:
-        variants["torch_loop"] = lambda: torch_loop(p, rw, x, ids, w)
-        variants["torch_grouped"] = lambda: torch_grouped(p, rw, x, ids, w)
-    base = dict(op="moe", E=shape.num_experts, M=m, D=shape.hidden, I=shape.intermediate,
-                top_k=shape.top_k, pairs=pairs, experts_touched=touched,
-                weight_bytes=weight_bytes, flops=flops, tuned_up=tuned[0].short(),
-                tuned_down=tuned[1].short(), tuned_table=table is not None)
-    rows, want = [], None
-    for name, make in variants.items():
+def _route(m: int, e: int, samples, seed: int) -> torch.Tensor:
+    if samples is not None:
+        from glmlab.kernels.moe.samples import routes_for_m
+
+        ids = routes_for_m(samples, m, 1, seed)[0]
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.rand(m, 288, generator=gen).topk(8, dim=1).indices
+    return torch.where(ids < e, ids, -1).to(torch.int32).cuda()
+
+
+class Case:
+    """One (E, M): inputs, alignments per block_m, byte/FLOP counts, the timer, the rows."""
+
+    def __init__(self, p: Problem, ids, m: int, ceil: dict, timer, emit):
+        self.p, self.ids, self.m, self.ceil, self.timer, self.emit = p, ids, m, ceil, timer, emit
+        self.x, self.w = p.activations(m, seed=m)
+        self.xq, self.xs = quant_act_fp8_triton(self.x, 128)
+        e, d, i = p.shape.num_experts, p.shape.hidden, p.shape.intermediate
+        local = (ids >= 0) & (ids < e)
+        self.pairs, self.touched = int(local.sum()), int(torch.unique(ids[local]).numel())
+        self.base = dict(E=e, M=m, D=d, I=i, top_k=p.shape.top_k, pairs=self.pairs,
+                         experts_touched=self.touched)
+        self.proj = {"up": (2 * i, d, p.w13_scale), "down": (d, i, p.w2_scale)}
+        self._align, self._h8 = {}, {}
+        self.best: dict[tuple[str, int], tuple[float, GroupedConfig]] = {}
+
+    def align(self, bm: int):
+        if bm not in self._align:
+            self._align[bm] = align_pairs(self.ids, self.p.shape.num_experts, bm)
+        return self._align[bm]
+
+    def h8(self, bm: int):
+        """Real down-GEMM inputs (E4M3 activations in aligned order) for block_m ``bm``."""
+        if bm not in self._h8:
+            cfg = GroupedConfig(bm, 128, 8, 8 if bm >= 64 else 4, 3, swap_ab=bm < 64)
+            self._h8[bm] = grouped_up(self.xq, self.xs, self.p.w13, self.p.w13_scale,
+                                      self.align(bm), cfg, self.p.limit)
+        return self._h8[bm]
+
+    def gemm_row(self, proj: str, variant: str, fn, includes: str, **extra) -> float | None:
+        n, k, scale = self.proj[proj]
+        flops = 2 * self.pairs * n * k
+        wbytes = self.touched * (n * k + 4 * scale[0].numel())
+        row = dict(op="gemm", proj=proj, variant=variant, includes=includes, flops=flops,
+                   weight_bytes=wbytes, **self.base, **extra)
         try:
-            fn = make() if name.startswith("torch") else make
-            got = fn().float()
-            want = got if want is None else want
-            err = float((got - want).norm() / want.norm().clamp(min=1e-30))
-            rows.append({**base, "variant": name, "relerr_vs_tuned": err,
-                         **_rates(timer(fn), weight_bytes, flops, ceil)})
-        except Exception as exc:  # a peer that does not run here is reported, not fatal
-            rows.append({**base, "variant": name, "error": f"{type(exc).__name__}: {exc}"[:300]})
-    us = {r["variant"]: r.get("us") for r in rows}
-    for r in rows:
-        for ref in ("triton_default", "torch_loop", "torch_grouped"):
-            if r.get("us") and us.get(ref):
-                r[f"speedup_vs_{ref}"] = us[ref] / r["us"]
+            us = self.timer(fn)
+            row.update(_rates(us, wbytes, flops, self.ceil))
+        except Exception as exc:  # a variant that cannot run here is a row, not a crash
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            us = None
+        self.emit(row)
+        return us
+
+    def moe_row(self, variant: str, fn, includes: str, **extra) -> None:
+        i, d = self.p.shape.intermediate, self.p.shape.hidden
+        flops = 6 * self.pairs * d * i
+        wbytes = self.touched * (3 * d * i + 4 * (self.p.w13_scale[0].numel()
+                                                  + self.p.w2_scale[0].numel()))
+        row = dict(op="moe", variant=variant, includes=includes, flops=flops,
+                   weight_bytes=wbytes, **self.base, **extra)
+        try:
+            row.update(_rates(self.timer(fn), wbytes, flops, self.ceil))
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        self.emit(row)
+
+
+def bench_grouped(c: Case, candidates: list[GroupedConfig], proj: str, default: GroupedConfig):
+    p = c.p
+    for cfg in dict.fromkeys([default, *candidates]):
+        tag = dict(config=cfg.short(), untuned_choice=cfg == default)
+        al = c.align(cfg.block_m)
+        if proj == "up":
+            if cfg.gather_a:
+                a, a_s = c.xq, c.xs
+            else:
+                a, a_s = gather_quant(c.x, al)
+            fn = (lambda a=a, a_s=a_s, al=al, cfg=cfg: grouped_up(
+                a, a_s, p.w13, p.w13_scale, al, cfg, p.limit))
+            inc = "gate_up GEMM + clamped SwiGLU + FP8 requant epilogue (E4M3 out)"
+        else:
+            h8, hs = c.h8(cfg.block_m)
+            fn = (lambda h8=h8, hs=hs, al=al, cfg=cfg: grouped_down(
+                h8, hs, p.w2, p.w2_scale, c.w, al, cfg, torch.bfloat16))
+            inc = "down GEMM + routing weight + scatter to pair rows"
+        us = c.gemm_row(proj, "glmlab_grouped", fn, inc, **tag)
+        key = (proj, cfg.block_m)
+        if us is not None and (key not in c.best or us < c.best[key][0]):
+            c.best[key] = (us, cfg)
+
+
+def bench_previous(c: Case, table):
+    p = c.p
+    up_cfg, down_cfg = choose_config(c.m, table)
+    al = c.align(up_cfg.block_m)
+    h8, hs = c.h8(up_cfg.block_m)
+    c.gemm_row("up", "glmlab_previous", lambda: moe_gemm_up(
+        c.xq, c.xs, p.w13, p.w13_scale, al, up_cfg, torch.bfloat16), "gate_up GEMM (bf16 out)",
+        config=up_cfg.short())
+    c.gemm_row("down", "glmlab_previous", lambda: moe_gemm_down(
+        h8, hs, p.w2, p.w2_scale, c.w, al, down_cfg, torch.bfloat16),
+        "down GEMM + routing weight + scatter", config=down_cfg.short())
+    c.moe_row("glmlab_previous", lambda: fused_moe(
+        c.x, c.ids, c.w, p.w13, p.w2, p.limit, p.w13_scale, p.w2_scale, (128, 128),
+        (up_cfg, down_cfg)), "align + quant + up + SwiGLU/quant + down + combine",
+        config=f"{up_cfg.short()}/{down_cfg.short()}")
+
+
+def _pair_order(h8, hs, al, num_pairs):
+    """Aligned rows -> pair order (row t*A + a), what SGLang's non-TMA down GEMM reads."""
+    n = int(al.num_padded.item())
+    pair = al.sorted_ids[:n].long()
+    ok = pair < num_pairs
+    q = torch.zeros(num_pairs, h8.shape[1], dtype=h8.dtype, device=h8.device)
+    s = torch.ones(num_pairs, hs.shape[1], dtype=hs.dtype, device=hs.device)
+    q.view(torch.uint8)[pair[ok]] = h8[:n][ok].view(torch.uint8)
+    s[pair[ok]] = hs[:n][ok]
+    return q, s
+
+
+def bench_sglang(c: Case, module, tables, source: str):
+    p, tag = c.p, dict(config_source=source)
+    sg = peers.SGLangMoE(module, *tables, c.m)
+    al_up = c.align(sg.up_cfg["BLOCK_SIZE_M"])
+    c.gemm_row("up", "sglang", lambda: sg.up(c.xq, c.xs, p.w13, p.w13_scale, c.w, c.ids, al_up),
+               "gate_up GEMM (bf16 out" + (", sorted rows)" if sg.down_tma else ")"),
+               config=json.dumps(sg.up_cfg | {"USE_TMA": sg.up_tma}), **tag)
+    al_dn = c.align(sg.down_cfg["BLOCK_SIZE_M"])
+    h8, hs = c.h8(sg.down_cfg["BLOCK_SIZE_M"])
+    if not sg.down_tma:
+        h8, hs = _pair_order(h8, hs, al_dn, c.ids.numel())
+    c.gemm_row("down", "sglang", lambda: sg.down(h8, hs, p.w2, p.w2_scale, c.w, c.ids, al_dn),
+               "down GEMM + routing weight (pair rows)",
+               config=json.dumps(sg.down_cfg | {"USE_TMA": sg.down_tma}), **tag)
+    if sg.up_cfg["BLOCK_SIZE_M"] != sg.down_cfg["BLOCK_SIZE_M"]:
+        return  # sglang aligns once, with the up table's BLOCK_SIZE_M
+    c.moe_row("sglang", lambda: sglang_moe(c, sg, al_up),
+              "glmlab align + quant, sglang up GEMM + act_and_mul(clamp), glmlab quant, "
+              "sglang down GEMM, glmlab combine", **tag)
+
+
+def sglang_moe(c: Case, sg: peers.SGLangMoE, al) -> torch.Tensor:
+    p = c.p
+    al = align_pairs(c.ids, p.shape.num_experts, al.block_m)
+    xq, xs = quant_act_fp8_triton(c.x, 128)
+    h = sg.up(xq, xs, p.w13, p.w13_scale, c.w, c.ids, al)
+    y8, ys = quant_act_fp8_triton(sg.act(h, c.ids, al, p.limit), 128)
+    return combine(sg.down(y8, ys, p.w2, p.w2_scale, c.w, c.ids, al), c.ids,
+                   p.shape.num_experts)
+
+
+def bench_torch(c: Case):
+    """Per-expert cuBLASLt block-scaled GEMMs (same recipe) and the grouped block-scaled form."""
+    p = c.p
+    al = c.align(16)
+    n = int(al.num_padded.item())
+    pair = al.sorted_ids[:n].long()
+    tok = torch.where(pair < c.ids.numel(), pair // c.ids.shape[1], 0)
+    a, a_s = c.xq[tok], c.xs[tok]
+    experts = al.expert_ids[:n // 16].long()
+    counts = torch.bincount(experts, minlength=p.shape.num_experts) * 16
+    spans = [(e, int(s), int(s + k)) for e, (s, k) in enumerate(zip(
+        (counts.cumsum(0) - counts).tolist(), counts.tolist(), strict=True)) if k]
+    h8, hs = c.h8(16)
+
+    def loop(a, a_s, w, w_s):
+        return [peers.torch_block_mm(a[s:t], a_s[s:t], w[e], w_s[e]) for e, s, t in spans]
+
+    inc = "per-expert torch._scaled_mm, block scales, rows pre-gathered (16-padded)"
+    c.gemm_row("up", "torch_block_loop", lambda: loop(a, a_s, p.w13, p.w13_scale), inc)
+    c.gemm_row("down", "torch_block_loop", lambda: loop(h8, hs, p.w2, p.w2_scale), inc)
+    offs = counts.cumsum(0).to(torch.int32)
+    c.gemm_row("up", "torch_grouped_block", lambda: peers.torch_grouped_block(
+        a, a_s, p.w13, p.w13_scale, offs), "F.scaled_grouped_mm, block scales, pre-gathered")
+
+
+def bench_pipelines(c: Case):
+    p = c.p
+    default = choose_grouped(c.m, p.shape.num_experts, p.shape.top_k)
+    c.moe_row("glmlab_grouped", lambda: fused_moe_grouped(
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, default),
+        "align + quant + up/act/requant + down + combine",
+        config=f"{default[0].short()}/{default[1].short()}")
+    pairs = [(c.best[("up", bm)][0] + c.best[("down", bm)][0], bm) for bm in (16, 32, 64, 128)
+             if ("up", bm) in c.best and ("down", bm) in c.best]
+    if pairs:
+        bm = min(pairs)[1]
+        cfgs = (c.best[("up", bm)][1], c.best[("down", bm)][1])
+        c.moe_row("glmlab_grouped_best", lambda: fused_moe_grouped(
+            c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, cfgs),
+            "as glmlab_grouped, configs: best same-block_m pair of this case's GEMM rows",
+            config=f"{cfgs[0].short()}/{cfgs[1].short()}")
+
+
+def check_numerics(c: Case, module, tables) -> list[dict]:
+    p = c.p
+    ref = moe_experts_fp8_ref(c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale,
+                              p.limit).float()
+    outs = {"glmlab_grouped": lambda: fused_moe_grouped(
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit)}
+    outs["glmlab_grouped_prefill_tiles"] = lambda: fused_moe_grouped(
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, PREFILL)
+    outs["glmlab_previous"] = lambda: fused_moe(c.x, c.ids, c.w, p.w13, p.w2, p.limit,
+                                                p.w13_scale, p.w2_scale)
+    if module is not None:
+        sg = peers.SGLangMoE(module, *tables, c.m)
+        outs["sglang"] = lambda: sglang_moe(c, sg, c.align(sg.up_cfg["BLOCK_SIZE_M"]))
+    rows = []
+    for name, fn in outs.items():
+        row = dict(op="check", variant=name, **c.base)
+        try:
+            out = fn().float()
+            row["relerr_vs_w8a8_ref"] = float((out - ref).norm() / ref.norm())
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        rows.append(row)
     return rows
-
-
-def _differ(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Fraction of elements whose bits differ."""
-    if a.dtype == FP8:
-        a, b = a.view(torch.uint8), b.view(torch.uint8)
-    return float((a != b).float().mean())
-
-
-def bench_act_quant(p: Problem, ids, timer, limit: float = 10.0) -> list[dict]:
-    """Fused SwiGLU + FP8 quant vs the unfused kernel pair (and torch) on one real alignment.
-
-    The fused kernel is timed with 16 and 64 (row, group) units per program (same bits)."""
-    align = align_pairs(ids, p.shape.num_experts, 64)
-    n = int(align.num_padded.item())
-    h = torch.randn(align.max_rows, 2 * p.shape.intermediate, device=p.w13.device,
-                    dtype=torch.bfloat16) * 4
-    variants = {
-        "fused": lambda: swiglu_quant(h, limit, align.num_padded),
-        "fused_units64": lambda: _launch_swiglu(h, limit, align.num_padded, True, 128, 64),
-        "unfused_triton": lambda: quant_act_fp8_triton(swiglu(h, limit, align.num_padded), 128,
-                                                       align.num_padded),
-        "unfused_torch": lambda: swiglu_quant_ref(h[:n], limit),
-    }
-    q, s = variants["fused"]()
-    base = dict(op="act_quant", M=ids.shape[0], rows=n, I=p.shape.intermediate)
-    for name in ("fused_units64", "unfused_triton", "unfused_torch"):
-        q2, s2 = variants[name]()
-        base[f"q_differ_vs_{name}"] = _differ(q[:n], q2[:n])
-        base[f"scale_differ_vs_{name}"] = _differ(s[:n], s2[:n])
-    y, y_ref = swiglu(h[:n], limit), clamped_swiglu(h[:n, :p.shape.intermediate],
-                                                    h[:n, p.shape.intermediate:], limit)
-    base["bf16_act_differ_vs_torch"] = _differ(y, y_ref)
-    out = {name: timer(fn) for name, fn in variants.items()}
-    return [{**base, "variant": k, "us": v, "speedup_of_fused": v / out["fused"]}
-            for k, v in out.items()]
-
-
-def bench_numerics(p: Problem, ids, table, m: int) -> dict:
-    """Relative error of the tuned fused MoE against the fp32-accumulated W8A8 reference."""
-    x, w = p.activations(m, seed=m + 1)
-    out = fused_moe(x, ids, w, p.w13, p.w2, p.limit, p.w13_scale, p.w2_scale, p.shape.block,
-                    choose_config(m, table)).float()
-    ref = moe_experts_fp8_ref(x, ids, w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit,
-                              p.shape.block).float()
-    return dict(op="numerics", E=p.shape.num_experts, M=m,
-                relerr_vs_w8a8_ref=float((out - ref).norm() / ref.norm()),
-                max_abs_err=float((out - ref).abs().max()), ref_rms=float(ref.pow(2).mean().sqrt()))
 
 
 def run(argv: list[str]) -> list[dict]:
     args = _args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the MoE benchmark needs a CUDA device")
+    rows: list[dict] = []
+    stream = Path(args.stream) if args.stream else None
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if stream is not None:
+            from glmlab.bench.ops import machine
+
+            with stream.open("a") as f:
+                f.write(json.dumps({**machine(), **row}) + "\n")
+        if "us" in row or "error" in row or "relerr_vs_w8a8_ref" in row:
+            print({k: row.get(k) for k in ("op", "E", "M", "proj", "variant", "config", "us",
+                                           "tflops", "frac_fp8", "frac_hbm",
+                                           "relerr_vs_w8a8_ref", "error") if k in row},
+                  flush=True)
+
     timer = GraphTimer()
     ceil = measure_ceilings()
-    rows = [{"op": "ceiling", "variant": k, "value": v} for k, v in ceil.items()]
-    samples = RoutingSamples.load(args.samples) if Path(args.samples).is_file() else None
-    source = samples.source if samples else "uniform top-k (no samples)"
+    for k, v in ceil.items():
+        emit({"op": "ceiling", "variant": k, "value": v})
+    wheel = args.sglang_wheel or peers.find_wheel(".")
+    module, err = None, "no sglang wheel under .whl/"
+    if wheel:
+        try:
+            module = peers.load_sglang(wheel)
+        except Exception as exc:
+            err = f"{type(exc).__name__}: {exc}"[:400]
+    emit({"op": "peer", "variant": "sglang", "wheel": str(wheel), "loaded": module is not None,
+          **({} if module is not None else {"error": err})})
+    samples = None
+    if args.samples:
+        from glmlab.kernels.moe.samples import RoutingSamples
+
+        samples = RoutingSamples.load(args.samples)
     experts = [int(e) for e in args.experts.split(",")]
-    full = Problem.random(MoEShape(max(experts), 8, 4096, 2048), "cuda")
-    rows += bench_act_quant(full, _route(samples, 8192, max(experts), seed=8192), timer)
-    started = time.monotonic()
+    full = Problem.random(MoEShape(max(experts), 8, 4096, args.intermediate), "cuda")
+    dev = device_name(torch.device("cuda"))
+    per_e = {}
     for e in experts:
         p = full.narrow(e)
-        table = read_table(p.shape, device_name(torch.device("cuda")), Path(args.configs))
-        rw = None if args.no_torch else rowwise_weights(p)
-        for m in (int(t) for t in args.tokens.split(",")):
+        tables, src = (None, None), None
+        if module is not None:
+            *tables, src = peers.sglang_configs(wheel, e, args.intermediate, dev,
+                                                triton.__version__)
+        per_e[e] = (p, read_table(p.shape, dev), tables, src)
+    started = time.monotonic()
+    for m in (int(t) for t in args.tokens.split(",")):
+        for e, (p, table, tables, src) in per_e.items():
             if args.time_budget and time.monotonic() - started > args.time_budget:
-                rows.append({"op": "moe", "E": e, "M": m, "variant": "skipped (time budget)"})
+                emit({"op": "skipped", "E": e, "M": m, "reason": "time budget"})
                 continue
-            ids = _route(samples, m, e, seed=m)
-            case = bench_moe(p, ids, m, table, ceil, timer, rw)
-            print(_line(case), flush=True)
-            rows += case
-            if m == 256:
-                rows.append(bench_numerics(p, ids, table, m))
-    for r in rows:
-        r.update(routes=source, **{f"ceiling_{k}": v for k, v in ceil.items()})
+            c = Case(p, _route(m, e, samples, seed=m), m, ceil, timer, emit)
+            default = choose_grouped(m, e, p.shape.top_k)
+            for i, proj in enumerate(("up", "down")):
+                cands = [] if args.candidates == "default" else [
+                    g for g in GROUPED_CANDIDATES[proj] if not (args.no_ws and g.warp_specialize)]
+                bench_grouped(c, cands, proj, default[i])
+            bench_previous(c, table)
+            if module is not None:
+                bench_sglang(c, module, tables, src)
+            bench_torch(c)
+            bench_pipelines(c)
+            if m == args.check_m:
+                for row in check_numerics(c, module, tables):
+                    emit(row)
+            del c
+            torch.cuda.empty_cache()
     return rows
 
 
-def _line(rows: list[dict]) -> str:
-    r0 = rows[0]
-    cells = " ".join(f"{r['variant']}={r['us']:.1f}us" if "us" in r else f"{r['variant']}=ERR"
-                     for r in rows)
-    return f"E={r0['E']} M={r0['M']}: {cells}"
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    run(sys.argv[1:] if argv is None else argv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

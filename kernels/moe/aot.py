@@ -1,9 +1,9 @@
 """Ahead-of-time compilation of the MoE Triton kernels for Hopper (sm_90) without a GPU.
 
 CPU machines run the kernels only under the interpreter, which skips the real compiler. This
-module drives ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (docs/platform.md section 2.1), so CI
-can check that every kernel and every config of a search space compiles for H200, uses ``wgmma``
-for the FP8 dots and fits in shared memory, without a device. It works whether or not
+module drives ``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` (docs/platform.md section
+2.1), so CI can check that every kernel and every config of a search space compiles for H200,
+uses ``wgmma`` for the FP8 dots and fits in shared memory, without a device. It works whether or not
 ``TRITON_INTERPRET`` is set (it recompiles from the Python source). It knows nothing about tuning.
 """
 
@@ -31,6 +31,7 @@ class Compiled:
     ptx: str
     shared: int
     num_warps: int
+    cubin: bytes = b""
 
     @property
     def uses_wgmma(self) -> bool:
@@ -60,7 +61,8 @@ def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int
     src = ASTSource(fn, signature, {k: tl.constexpr(v) for k, v in constexprs.items()}, attrs)
     out = triton.compile(src, target=SM90, options={"num_warps": num_warps,
                                                      "num_stages": num_stages})
-    return Compiled(fn.__name__, out.asm["ptx"], out.metadata.shared, num_warps)
+    return Compiled(fn.__name__, out.asm["ptx"], out.metadata.shared, num_warps,
+                    out.asm.get("cubin", b""))
 
 
 def fn_no_specialize(fn) -> set[str]:
@@ -123,3 +125,61 @@ def compile_support_kernels(act: str = "bf16") -> list[Compiled]:
                      {"pair_ptr": f"*{act}", "ids_ptr": "*i32", "out_ptr": f"*{act}", "D": i32,
                       "num_experts": i32}, dict(TOP_K=8, BLOCK_D=1024)),
     ]
+
+
+def compile_grouped(cfg, kind: str, act: str = "bf16") -> Compiled:
+    """The persistent grouped kernel (grouped_triton) as ``grouped_up`` / ``grouped_down``
+    launch it; ``cfg`` a ``GroupedConfig``."""
+    from glmlab.kernels.moe import grouped_triton as gt
+
+    up = kind == "up"
+    bk = gt.BLOCK_K
+    types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32",
+             "b_desc": f"tensordesc<fp8e4nv[{cfg.block_n}, {bk}]>", "b_scale_ptr": "*fp32",
+             "out_ptr": "*fp8e4nv" if up else f"*{act}",
+             "out_scale_ptr": "*fp32" if up else f"*{act}", "route_w_ptr": "*fp32",
+             "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32",
+             "limit": "fp32"}
+    types |= dict.fromkeys(["num_pairs", "N", "K", "b_rows_per_expert", "a_row_div",
+                            "stride_am", "stride_asm", "stride_bse", "stride_bsn", "stride_om",
+                            "stride_osm"], "i32")
+    a_tma = not (up and cfg.gather_a)
+    constexprs = dict(UP=up, A_TMA=a_tma, SWAP_AB=cfg.swap_ab,
+                      WARP_SPECIALIZE=cfg.warp_specialize, FLATTEN=cfg.flatten, PRECISE=True,
+                      FP8_MAX_C=448.0, ACT=getattr(tl, {"bf16": "bfloat16"}.get(act, act)),
+                      INV_FP8_MAX_C=INV_FP8_MAX, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                      BLOCK_K=bk, GROUP_M=cfg.group_m)
+    if a_tma:
+        types["a_desc"] = f"tensordesc<fp8e4nv[{cfg.block_m}, {bk}]>"
+    else:
+        constexprs["a_desc"] = None
+    if not up:
+        constexprs["a_row_div"] = 1
+        constexprs["stride_osm"] = 0
+    return compile_sm90(gt._grouped_kernel, types, constexprs, cfg.num_warps, cfg.num_stages)
+
+
+def sass(compiled: Compiled) -> str:
+    """SASS of a compiled kernel, by the cuobjdump bundled with Triton."""
+    import os
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.cubin)
+        f.flush()
+        return subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def resource_usage(compiled: Compiled) -> dict:
+    """Registers per thread and spill stores/loads of a compiled kernel (from its SASS)."""
+    import re
+
+    text = sass(compiled)
+    regs = max((int(r) for r in re.findall(r"\bR(\d+)\b", text)), default=-1) + 1
+    return {"regs": regs, "spill_stores": len(re.findall(r"\bSTL\b", text)),
+            "spill_loads": len(re.findall(r"\bLDL\b", text)), "qgmma": text.count("QGMMA"),
+            "utmaldg": text.count("UTMALDG"), "ldgsts": text.count("LDGSTS"),
+            "warp_specialized": "setmaxnreg" in compiled.ptx}
