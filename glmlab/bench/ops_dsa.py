@@ -77,6 +77,10 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip-indexer", action="store_true")
     p.add_argument("--quick", action="store_true", help="shorter timing loops")
     p.add_argument("--out", default="", help="append rows here as they are measured")
+    p.add_argument("--precompile-only", action="store_true",
+                   help="build every kernel the run and tests/kernels/dsa need, then stop")
+    p.add_argument("--warm-sglang-only", action="store_true",
+                   help="compile the SGLang peer's kernels for --shapes, then stop")
     return p.parse_args(argv)
 
 
@@ -173,12 +177,12 @@ def torch_reference(q, kv, layout: MlaKVLayout, idx) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- variants
 def our_configs(arch: GpuArch, lay: MlaKVLayout, m: int, h: int, names: list[str]) -> dict:
     """Variant name -> SparseMlaConfig of our kernels for one shape (``rule`` first)."""
-    out = {"rule": choose_block(arch, lay, m, h)}
+    out = {"rule": choose_block(arch, lay, m, h)} if "rule" in names else {}
     if "ws" in names:
         out["ws"] = choose_block(arch, lay, m, h, schedule=Schedule.WS)
     if "ws-h16" in names and h % 64 == 0 and m * h <= 8192 * 64:
         out["ws-h16"] = choose_block(arch, lay, m, h, schedule=Schedule.WS, heads_per_cta=16)
-    if "pipelined" in names:
+    if "pipelined" in names and lay.format is KVFormat.BF16:  # bf16 rows only (sparse_mla_ws)
         out["pipelined"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED)
     if "v1" in names:
         out["v1"] = choose_block_v1(arch, lay, m, h)
@@ -330,8 +334,9 @@ def bench_indexer(rows: int, quick: bool, ceilings: dict, sink: Sink, num_pools:
                 "topk_pools": topk, "requests": requests, "sharing": sharing}
         try:
             fp8q = it.quantize_index_queries(q)
-            scores_fn = lambda a=(fp8q, kf, ks, pool_slots): it.pool_scores_fp8_paged(
-                a[0], a[1], a[2], w, pos, a[3], row_req, 4, 128**-0.5)
+            pages = pool_slots[:, ::it.PAGE_POOLS].contiguous()
+            scores_fn = lambda a=(fp8q, kf, ks, pages): it.pool_scores_fp8_paged(
+                *a[0], a[1], a[2], w, pos, a[3], row_req, 4, 128**-0.5)
             scores = scores_fn()
             sel = it.select_topk_tokens(scores, pos, topk, 4, True)
             check = slice(0, 16)  # the reference scores a few rows (its [T, P] fp32 is big)
@@ -363,10 +368,44 @@ def bench_indexer(rows: int, quick: bool, ceilings: dict, sink: Sink, num_pools:
                   "topk_hbm_tbps": score_bytes / topk_us / 1e6, **ceilings})
 
 
+def precompile_everything(args, arch: GpuArch) -> int:
+    """Build (in parallel, into TileLang's disk cache) the kernels of this run and of the GPU
+    tests, so that later processes only load them."""
+    from glmlab.kernels.dsa import sparse_mla_tilelang as sm
+    from glmlab.kernels.dsa.dispatch import SparseMlaConfig, threads_for
+
+    layouts = [MlaKVLayout(KVFormat(x), RANK) for x in args.layouts.split(",")]
+    jobs = {(lay, cfg) for m, h in _shapes(args.shapes) for lay in layouts
+            for cfg in our_configs(arch, lay, m, h, args.variants.split(",")).values()}
+    for fmt in KVFormat:  # the test grid (tests/kernels/dsa/test_sparse_mla_tilelang.py)
+        lay = MlaKVLayout(fmt, RANK)
+        for sched, block, hpc in [(Schedule.SERIAL, 32, 16), (Schedule.SERIAL, 128, 64),
+                                  (Schedule.WS, 64, 16), (Schedule.WS, 64, 64)] + (
+                [(Schedule.PIPELINED, 64, 16), (Schedule.PIPELINED, 64, 64)]
+                if fmt is KVFormat.BF16 else []):
+            stages = 1 if sched is Schedule.SERIAL else 2
+            jobs.add((lay, SparseMlaConfig(block, hpc, 1, threads_for(sched, hpc), sched,
+                                           stages)))
+    for rank in (32, 64):
+        jobs.add((MlaKVLayout(KVFormat.FP8_SCALED, rank), SparseMlaConfig(32, 16, 1, 128)))
+    return sm.precompile(sorted(jobs, key=repr))
+
+
 def run(argv: list[str]) -> list[dict]:
     args = _args(argv)
     sink = Sink(args.out)
     arch = GpuArch.current()
+    if args.warm_sglang_only:
+        from glmlab.kernels.dsa.peers import load_sglang_kernels, warm_sglang
+
+        for line in warm_sglang(load_sglang_kernels(args.sglang), _shapes(args.shapes)):
+            print(line, flush=True)
+        return []
+    if args.precompile_only:
+        t0 = time.perf_counter()
+        print(f"built {precompile_everything(args, arch)} kernels in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        return []
     ceilings = measure_ceilings(args.quick)
     print("ceilings:", {k: round(v, 2) for k, v in ceilings.items()}, flush=True)
     if not args.skip_indexer:

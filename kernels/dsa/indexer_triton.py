@@ -1,6 +1,6 @@
 """The DSA indexer's score and top-k path in Triton, over FP8 pooled keys with one scale per pool.
 
-Two kernels, the same maths as ``ref.indexer_scores_fp8_ref`` + ``ref.select_ref``:
+Kernels, the same maths as ``ref.indexer_scores_fp8_ref`` + ``ref.select_ref``:
 
 1. ``pool_scores_fp8``: I(t, p) = sum_h w[t, h] * relu(q[t, h] . K_p * scale_p * softmax_scale),
    with -inf where pool p is not a candidate for query t (its last token 4p+3 is after t).
@@ -12,6 +12,15 @@ Two kernels, the same maths as ``ref.indexer_scores_fp8_ref`` + ``ref.select_ref
    tail (the (t+1) mod kpool newest tokens). Ties at the threshold go to the lower pool id;
    ``torch.topk`` breaks them its own way (docs/model.md section 5), so compare selections as sets.
 
+3. ``pool_scores_fp8_paged``: the batched form. FP8 queries (``quantize_index_queries``: e4m3 and
+   one fp32 scale per row and head) times FP8 keys on the FP8 tensor cores, for rows of many
+   requests at once. Pool keys live in pages of ``PAGE_POOLS`` consecutive slots; each request
+   has a page table. A program takes a block of query rows and one page column: rows whose
+   requests map that page to the same slots (a shared prefix) are scored with one key tile read,
+   so a prefix shared by a whole block is read once per block, not once per request.
+   ``select_topk_tokens`` keeps a row of up to 16384 pools in registers (one read of the scores;
+   the bisection counts in registers), and falls back to the streaming kernel above that.
+
 Output order differs from ``select_ref`` (pool order, not score order); attention does not care.
 What this module does not know: where pooled keys live in the cache, or the attention that follows.
 """
@@ -21,6 +30,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from glmlab.kernels.dsa.ref import quantize_index_queries_ref
+
+PAGE_POOLS = 64  # pools per page of the pool-key store (the paged kernel's tile)
+REGISTER_ROW_MAX = 16384  # longest score row the one-pass top-k holds in registers
 
 _NEG_INF_KEY: tl.constexpr = tl.constexpr(-2139095041)  # _order_key(-inf)
 
@@ -108,6 +122,79 @@ def _select_kernel(score_ptr, pos_ptr, out_ptr, P, stride_s, stride_o,
             tl.store(out_ptr + row * stride_o + K * KPOOL + s, val)
 
 
+@triton.jit
+def _paged_scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, pos_ptr, req_ptr, pt_ptr, out_ptr,
+                         T, P, stride_pt, stride_ot, softmax_scale, HI: tl.constexpr,
+                         DI: tl.constexpr, KPOOL: tl.constexpr, BT: tl.constexpr,
+                         PAGE: tl.constexpr):
+    pid_t, pid_p = tl.program_id(0), tl.program_id(1)
+    offs_t = pid_t * BT + tl.arange(0, BT)
+    offs_j = tl.arange(0, PAGE)
+    offs_d = tl.arange(0, DI)
+    pools = pid_p * PAGE + offs_j
+    t_ok, p_ok = offs_t < T, pools < P
+    req = tl.load(req_ptr + offs_t, mask=t_ok, other=0)
+    base = tl.load(pt_ptr + req * stride_pt + pid_p, mask=t_ok, other=-1)  # [BT] first slot
+    todo = t_ok & (base >= 0)
+    acc = tl.zeros([BT, PAGE], dtype=tl.float32)
+    # One key tile per distinct page among the block's rows (one for a shared prefix).
+    while tl.sum(todo.to(tl.int32), axis=0) > 0:
+        b = tl.min(tl.where(todo, base, 2147483647), axis=0)
+        rows = todo & (base == b)
+        keys = tl.load(k_ptr + (b + offs_j)[:, None] * DI + offs_d[None, :], mask=p_ok[:, None],
+                       other=0.0)  # [PAGE, DI] e4m3
+        key_scale = tl.load(ks_ptr + b + offs_j, mask=p_ok, other=0.0) * softmax_scale
+        part = tl.zeros([BT, PAGE], dtype=tl.float32)
+        for h in range(HI):
+            qh = tl.load(q_ptr + (offs_t[:, None] * HI + h) * DI + offs_d[None, :],
+                         mask=rows[:, None], other=0.0)  # [BT, DI] e4m3
+            s = tl.dot(qh, tl.trans(keys))  # FP8 MMA, fp32 accumulation
+            q_scale = tl.load(qs_ptr + offs_t * HI + h, mask=rows, other=0.0)
+            w = tl.load(w_ptr + offs_t * HI + h, mask=rows, other=0.0)
+            part += w[:, None] * tl.maximum(s * q_scale[:, None] * key_scale[None, :], 0.0)
+        acc = tl.where(rows[:, None], part, acc)
+        todo = todo & (base != b)
+    pos = tl.load(pos_ptr + offs_t, mask=t_ok, other=-1)
+    candidate = ((pools * KPOOL + (KPOOL - 1))[None, :] <= pos[:, None]) & (base >= 0)[:, None]
+    acc = tl.where(candidate, acc, float("-inf"))
+    tl.store(out_ptr + offs_t[:, None] * stride_ot + pools[None, :], acc,
+             mask=t_ok[:, None] & p_ok[None, :])
+
+
+@triton.jit
+def _select_in_registers_kernel(score_ptr, pos_ptr, out_ptr, P, stride_s, stride_o,
+                                K: tl.constexpr, KPOOL: tl.constexpr, TAIL: tl.constexpr,
+                                BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    inside = offs < P
+    key = _order_key(tl.load(score_ptr + row * stride_s + offs, mask=inside,
+                             other=float("-inf")))
+    n_valid = tl.sum((key > _NEG_INF_KEY).to(tl.int32), axis=0)
+    lo = tl.full([], -(2**31), tl.int64)
+    hi = tl.full([], 2**31 - 1, tl.int64)
+    for _ in range(32):  # the K-th largest key: every count runs on the row held in registers
+        mid = lo + (hi - lo + 1) // 2
+        enough = tl.sum((key >= mid.to(tl.int32)).to(tl.int32), axis=0) >= K
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid - 1)
+    take_all = n_valid <= K
+    thr = tl.where(take_all, _NEG_INF_KEY, lo.to(tl.int32))
+    need_eq = tl.where(take_all, 0, K - tl.sum((key > thr).to(tl.int32), axis=0))
+    eq = (key == thr) & inside
+    eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) - 1
+    sel = ((key > thr) | (eq & (eq_rank < need_eq))) & inside
+    slot = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+    for s in tl.static_range(KPOOL):
+        tl.store(out_ptr + row * stride_o + slot * KPOOL + s, offs * KPOOL + s, mask=sel)
+    if TAIL:
+        pos = tl.load(pos_ptr + row)
+        tail_len = (pos + 1) % KPOOL
+        for s in tl.static_range(KPOOL - 1):
+            val = tl.where(s < tail_len, pos + 1 - tail_len + s, -1)
+            tl.store(out_ptr + row * stride_o + K * KPOOL + s, val)
+
+
 def pool_scores_fp8(q: torch.Tensor, keys_fp8: torch.Tensor, key_scale: torch.Tensor,
                     weights: torch.Tensor, query_pos: torch.Tensor, kpool: int,
                     softmax_scale: float) -> torch.Tensor:
@@ -153,9 +240,16 @@ def select_topk_tokens(scores: torch.Tensor, query_pos: torch.Tensor, topk_pools
         return out
     scores = scores.float().contiguous()
     pos = query_pos.to(torch.int32).contiguous()
+    tail = bool(select_tail and kpool > 1)
+    if num_pools <= REGISTER_ROW_MAX:
+        block = triton.next_power_of_2(max(num_pools, 16))
+        _select_in_registers_kernel[(t_len,)](scores, pos, out, num_pools, scores.stride(0),
+                                              out.stride(0), K=topk_pools, KPOOL=kpool,
+                                              TAIL=tail, BLOCK=block,
+                                              num_warps=16 if block >= 4096 else 4)
+        return out
     _select_kernel[(t_len,)](scores, pos, out, num_pools, scores.stride(0), out.stride(0),
-                             K=topk_pools, KPOOL=kpool, TAIL=bool(select_tail and kpool > 1),
-                             BP=256)
+                             K=topk_pools, KPOOL=kpool, TAIL=tail, BP=256)
     return out
 
 
@@ -164,3 +258,50 @@ def indexer_select_fp8(q, keys_fp8, key_scale, weights, query_pos, topk_pools: i
     """Scores then selection: the token positions each query attends to ([T, W] int32, -1 pad)."""
     scores = pool_scores_fp8(q, keys_fp8, key_scale, weights, query_pos, kpool, softmax_scale)
     return select_topk_tokens(scores, query_pos, topk_pools, kpool, select_tail)
+
+
+def quantize_index_queries(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, HI, DI] -> (e4m3 [T, HI, DI], fp32 scale [T, HI]): ``ref.quantize_index_queries_ref``
+    (in torch: one pass, and exact where Triton's interpreter rounds e4m3 casts approximately)."""
+    return quantize_index_queries_ref(q)
+
+
+def dequantize_index_queries(q_fp8: torch.Tensor, q_scale: torch.Tensor) -> torch.Tensor:
+    return q_fp8.float() * q_scale.float()[..., None]
+
+
+def pool_scores_fp8_paged(q_fp8: torch.Tensor, q_scale: torch.Tensor, keys_fp8: torch.Tensor,
+                          key_scale: torch.Tensor, weights: torch.Tensor, query_pos: torch.Tensor,
+                          page_table: torch.Tensor, row_request: torch.Tensor, kpool: int,
+                          softmax_scale: float) -> torch.Tensor:
+    """Indexer scores of a batch of requests over paged FP8 pooled keys, FP8 queries.
+
+    Args:
+        q_fp8, q_scale: [T, HI, DI] e4m3 and [T, HI] fp32 (``quantize_index_queries``).
+        keys_fp8, key_scale: [S, DI] e4m3 and [S] fp32: the pool-key store (S slots).
+        weights: [T, HI] fp32 (already x HI^-0.5).  query_pos: [T] position in its sequence.
+        page_table: [B, NP] int32: slot of pool ``PAGE_POOLS * j`` of request b (its page j
+            holds pools ``PAGE_POOLS*j ..`` in consecutive slots); -1 = no such page.
+        row_request: [T] int32 request of each query row (rows of one request adjacent: blocks
+            of rows then share pages).
+    Returns:
+        [T, NP * PAGE_POOLS] fp32 scores over each row's pools, -inf for non-candidates
+        (pool end after the query, or a missing page).
+    """
+    t_len, heads, dim = q_fp8.shape
+    num_pools = page_table.shape[1] * PAGE_POOLS
+    out = torch.empty(t_len, num_pools, dtype=torch.float32, device=q_fp8.device)
+    if t_len == 0 or num_pools == 0:
+        return out
+    if q_fp8.dtype != torch.float8_e4m3fn or keys_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"FP8 queries and keys expected, got {q_fp8.dtype} / {keys_fp8.dtype}")
+    block_t = 64 if t_len >= 64 else 16
+    grid = (triton.cdiv(t_len, block_t), page_table.shape[1])
+    pt = page_table.to(torch.int32).contiguous()
+    _paged_scores_kernel[grid](q_fp8.contiguous(), q_scale.float().contiguous(),
+                               keys_fp8.contiguous(), key_scale.float().contiguous(),
+                               weights.float().contiguous(), query_pos.to(torch.int32).contiguous(),
+                               row_request.to(torch.int32).contiguous(), pt, out, t_len,
+                               num_pools, pt.stride(0), out.stride(0), softmax_scale, HI=heads,
+                               DI=dim, KPOOL=kpool, BT=block_t, PAGE=PAGE_POOLS)
+    return out

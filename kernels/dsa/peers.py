@@ -84,3 +84,30 @@ def sglang_sparse_fwd(mod, q: torch.Tensor, kv: torch.Tensor, indices: torch.Ten
                          f"got {indices.shape[1]}")
     return mod.tilelang_sparse_fwd(q, kv[:, None, :], indices[:, None, :], scale,
                                    d_v=q.shape[-1])
+
+
+def warm_sglang(mod, shapes: list[tuple[int, int]], width: int = 2112, scale: float = 1 / 16,
+                workers: int = 8) -> list[str]:
+    """Compile SGLang's kernels for ``shapes`` ([(rows, heads)]), bf16 and FP8, in threads.
+
+    Its kernels are specialised on heads, width and (FP8) a split count derived from the row
+    count, and compile on first call; calling each shape once on small inputs fills TileLang's
+    disk cache, so the timed process only loads them. Returns one line per shape and dtype.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        rows, heads, dtype = job
+        try:
+            kv = torch.randn(256, 512, device="cuda").to(dtype)
+            q = torch.randn(rows, heads, 512, device="cuda").to(dtype)
+            idx = torch.randint(0, 256, (rows, width), device="cuda", dtype=torch.int32)
+            sglang_sparse_fwd(mod, q, kv, idx, scale)
+            torch.cuda.synchronize()
+            return f"sglang {rows}x{heads} {dtype}: ok"
+        except Exception as e:  # reported, the benchmark then writes an error row
+            return f"sglang {rows}x{heads} {dtype}: {type(e).__name__}: {e}"[:300]
+
+    jobs = [(m, h, d) for m, h in shapes for d in (torch.bfloat16, torch.float8_e4m3fn)]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(one, jobs))

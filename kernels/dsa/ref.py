@@ -3,9 +3,9 @@
 Shapes (kernels/README.md): T query tokens, L context tokens, P pools, HI indexer heads,
 DI indexer head dim, H attention heads, R latent rank (kv_lora_rank), W index-list width.
 
-Indexer (docs/model.md section 2.5): pool p covers positions 4p..4p+3 (counted from position 0); its key
-is a per-channel softmax-weighted mean of its tokens' keys. A query at position t scores every
-complete pool whose last token is <= t, keeps the best ``topk_pools``, expands them to token
+Indexer (docs/model.md section 2.5): pool p covers positions 4p..4p+3 (counted from position 0);
+its key is a per-channel softmax-weighted mean of its tokens' keys. A query at position t scores
+every complete pool whose last token is <= t, keeps the best ``topk_pools``, expands them to token
 positions and appends the incomplete tail (t+1 mod kpool most recent positions). Index lists are
 padded with -1. Attention then runs only over the listed positions.
 """
@@ -121,6 +121,18 @@ def indexer_scores_fp8_ref(q: torch.Tensor, keys_fp8: torch.Tensor, key_scale: t
     """``indexer_scores_ref`` over FP8 pooled keys: K_p = keys_fp8[p] * key_scale[p] (fp32)."""
     keys = keys_fp8.float() * key_scale.float()[:, None]
     return indexer_scores_ref(q, keys, weights, softmax_scale)
+
+
+def quantize_index_queries_ref(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[T, HI, DI] indexer queries -> (e4m3 [T, HI, DI], fp32 scale [T, HI]), scale = absmax/448.
+
+    The FP8 score kernel multiplies e4m3 queries by e4m3 keys; the scores then carry this rounding
+    of q (a zero query head stores scale 0)."""
+    x = q.float()
+    scale = x.abs().amax(dim=-1) / POOL_KEY_FP8_MAX  # [T, HI]
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q8 = (x / safe[..., None]).clamp(-POOL_KEY_FP8_MAX, POOL_KEY_FP8_MAX).to(torch.float8_e4m3fn)
+    return q8, scale
 
 
 def candidate_mask(query_pos: torch.Tensor, num_pools: int, kpool: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ from glmlab.kernels.dsa import indexer_triton as it
 from glmlab.kernels.dsa.ref import (
     candidate_mask,
     indexer_scores_fp8_ref,
+    quantize_index_queries_ref,
     quantize_pool_keys_ref,
     select_ref,
 )
@@ -60,6 +61,80 @@ def test_ties_at_the_threshold_take_the_lowest_pools():
     assert out[0].tolist() == [0, 1, 2, 5]  # 5.0, 2.0, then the two lowest-id zeros
 
 
+def paged_batch(requests, rows_per_request, pages, hi, di, shared_pages, seed=0):
+    """Requests whose first ``shared_pages`` pages are one shared prefix (same slots), the rest
+    private; pages of the store are shuffled so slot order differs from pool order."""
+    g = torch.Generator().manual_seed(seed)
+    page = it.PAGE_POOLS
+    private = requests * (pages - shared_pages)
+    order = torch.randperm(shared_pages + private, generator=g)
+    table = torch.empty(requests, pages, dtype=torch.int32)
+    table[:, :shared_pages] = order[:shared_pages] * page
+    table[:, shared_pages:] = (order[shared_pages:].view(requests, -1) * page).int()
+    keys_fp8, key_scale = quantize_pool_keys_ref(torch.randn(order.numel() * page, di,
+                                                             generator=g))
+    t = requests * rows_per_request
+    q = torch.randn(t, hi, di, generator=g)
+    w = torch.randn(t, hi, generator=g) * hi**-0.5
+    row_req = torch.arange(t) // rows_per_request
+    pos = torch.randint(0, pages * page * 4 + 4, (t,), generator=g)
+    pos[0] = pages * page * 4 - 1  # every pool visible
+    table[-1, -1] = -1  # the last request has one page fewer
+    return [x.to(DEVICE) for x in (q, keys_fp8, key_scale, w, pos, table, row_req)]
+
+
+def paged_reference(q8, qs, keys_fp8, key_scale, w, pos, table, row_req, kpool, scale):
+    page = it.PAGE_POOLS
+    slots = (table.long()[:, :, None] + torch.arange(page, device=table.device)).flatten(1)
+    slots = slots.masked_fill((table < 0).repeat_interleave(page, dim=1), -1)  # missing pages
+    q = q8.float() * qs[..., None]  # the kernel's rounding of q, in fp32
+    out = []
+    for t in range(q.shape[0]):
+        s = slots[row_req[t]]
+        ref = indexer_scores_fp8_ref(q[t:t + 1], keys_fp8[s.clamp(min=0)],
+                                     key_scale[s.clamp(min=0)], w[t:t + 1], scale)[0]
+        ok = candidate_mask(pos[t:t + 1], s.numel(), kpool)[0] & (s >= 0)
+        out.append(ref.masked_fill(~ok, float("-inf")))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("requests,rows,pages,shared", [
+    pytest.param(3, 5, 2, 1, id="shared-prefix-page-block-spans-requests"),
+    pytest.param(2, 3, 2, 0, id="all-private"),
+    pytest.param(4, 20, 1, 1, id="one-page-shared-by-all-64-row-block"),
+])
+def test_paged_fp8_scores_match_reference(requests, rows, pages, shared):
+    q, kf, ks, w, pos, table, row_req = paged_batch(requests, rows, pages, 2, 16, shared)
+    q8, qs = it.quantize_index_queries(q)
+    scores = it.pool_scores_fp8_paged(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
+    ref = paged_reference(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
+    finite = torch.isfinite(ref)
+    assert torch.equal(finite, torch.isfinite(scores)) and torch.isneginf(scores[~finite]).all()
+    assert_close("paged fp8 scores", ref[finite], scores[finite], "fp32_chunk")
+
+
+def test_query_quantiser_round_trips_within_e4m3():
+    q = torch.randn(3, 4, 32) * 5
+    q[1, 2] = 0  # a zero head stores scale 0
+    q8, qs = quantize_index_queries_ref(q)
+    assert q8.dtype == torch.float8_e4m3fn and qs[1, 2] == 0
+    back = it.dequantize_index_queries(q8, qs)
+    assert (back - q).abs().max() <= q.abs().amax(-1, keepdim=True).max() * 2**-3
+    assert (back[1, 2] == 0).all()
+
+
+@pytest.mark.parametrize("p", [16385, 5000], ids=["streaming-kernel", "register-kernel"])
+def test_both_topk_kernels_agree_with_reference(p):
+    if p > it.REGISTER_ROW_MAX and DEVICE == "cpu":
+        pytest.skip("the streaming kernel's 34 passes over 16K pools are slow in the interpreter")
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(2, p, generator=g).round(decimals=1).to(DEVICE)  # many ties
+    pos = torch.tensor([p * 4 + 1, p * 2], device=DEVICE)
+    scores[1, p // 2:] = float("-inf")
+    out = it.select_topk_tokens(scores, pos, 64, 4, True)
+    assert_same_selection(out, select_ref(scores, pos, 64, 4, True), 64 * 4)
+
+
 def test_no_candidates_and_empty_batch():
     scores = torch.full((2, 6), float("-inf"), device=DEVICE)
     out = it.select_topk_tokens(scores, torch.tensor([1, 2], device=DEVICE), 3, 4, True)
@@ -103,6 +178,24 @@ def test_compiles_for_sm90_with_wgmma():
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-2:] == ["wgmma", "True"], res.stdout
+
+
+@pytest.mark.gpu
+def test_paged_real_width_on_gpu():
+    """1056 verify rows of 132 requests over 64K tokens (16384 pools = 256 pages), 32 x 128
+    heads; a 192-page shared prefix, private tails; top-512 on the kernel's scores."""
+    q, kf, ks, w, pos, table, row_req = paged_batch(132, 8, 256, 32, 128, 192, seed=3)
+    pos[:] = 16384 * 4 + 2
+    q8, qs = it.quantize_index_queries(q)
+    scores = it.pool_scores_fp8_paged(q8, qs, kf, ks, w, pos, table, row_req, 4, 128**-0.5)
+    check = torch.tensor([0, 7, 500, 1055], device=DEVICE)
+    ref = paged_reference(q8[check], qs[check], kf, ks, w[check], pos[check], table,
+                          row_req[check], 4, 128**-0.5)
+    finite = torch.isfinite(ref)
+    assert torch.equal(finite, torch.isfinite(scores[check]))
+    assert_close("paged scores", ref[finite], scores[check][finite], "fp32_chunk")
+    out = it.select_topk_tokens(scores, pos, 512, 4, True)
+    assert_same_selection(out[check], select_ref(scores[check], pos[check], 512, 4, True), 2048)
 
 
 @pytest.mark.gpu

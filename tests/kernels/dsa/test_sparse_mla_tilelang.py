@@ -61,7 +61,7 @@ def test_ws_partial_lowers(fmt, heads, must):
 
 
 def test_pipelined_partial_lowers_to_cp_async():
-    src = _lower(sparse_mla_ws.pipelined_program(MlaKVLayout(KVFormat.FP8_RAW, 512), 64, 16, 2))
+    src = _lower(sparse_mla_ws.pipelined_program(MlaKVLayout(KVFormat.BF16, 512), 64, 16, 2))
     assert "cp_async" in src and "mma_sync" in src
 
 
@@ -102,19 +102,19 @@ def _config(block, heads, splits, schedule=Schedule.SERIAL, stages=1):
 
 # (schedule, block, stages, heads, splits, width): odd tile counts (stage 1 of the last pair lies
 # past the split), a width below one tile, more splits than tiles, every layout
-SHAPES = [(Schedule.SERIAL, 32, 1, 16, 1, 2112), (Schedule.SERIAL, 128, 1, 16, 1, 2051),
-          (Schedule.SERIAL, 128, 1, 64, 3, 300), (Schedule.SERIAL, 32, 1, 64, 2, 33),
-          (Schedule.SERIAL, 128, 1, 16, 4, 1),
+SHAPES = [(Schedule.SERIAL, 32, 1, 16, 1, 2112), (Schedule.SERIAL, 32, 1, 16, 4, 1),
+          (Schedule.SERIAL, 128, 1, 64, 3, 300), (Schedule.SERIAL, 128, 1, 64, 2, 33),
           (Schedule.WS, 64, 2, 16, 1, 2051), (Schedule.WS, 64, 2, 64, 1, 2112),
           (Schedule.WS, 64, 2, 64, 3, 300), (Schedule.WS, 64, 2, 16, 4, 33),
           (Schedule.WS, 64, 2, 64, 16, 130),
-          (Schedule.PIPELINED, 64, 2, 16, 1, 2051), (Schedule.PIPELINED, 64, 3, 64, 2, 300),
+          (Schedule.PIPELINED, 64, 2, 16, 1, 2051), (Schedule.PIPELINED, 64, 2, 64, 2, 300),
           (Schedule.PIPELINED, 64, 2, 64, 4, 33)]
 CASES = [
     pytest.param(fmt, sched, block, stages, heads, splits, width,
                  id=f"{_config(block, heads, 1, sched, stages).name}-{fmt.value}"
                     f"-s{splits}-w{width}")
     for fmt in KVFormat for sched, block, stages, heads, splits, width in SHAPES
+    if sched is not Schedule.PIPELINED or fmt is KVFormat.BF16  # pipelined: bf16 rows only
 ]
 
 
