@@ -140,9 +140,9 @@ def choose_block(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: 
         >>> choose_block(H200, FP8_RAW_512, query_rows=1024, heads=64).describe()
         'schedule=ws block_i=64 heads_per_cta=64 splits=1 threads=384 stages=2'
     """
-    if schedule is None:
-        schedule = Schedule.WS if arch.major == 9 and second_generation_reads(kv_layout) \
-            else Schedule.SERIAL
+    if schedule is None:  # a forced tile width other than 64 means the first generation
+        ws_ok = arch.major == 9 and second_generation_reads(kv_layout) and block_i in (None, 64)
+        schedule = Schedule.WS if ws_ok else Schedule.SERIAL
     if schedule is Schedule.SERIAL:
         return choose_block_v1(arch, kv_layout, query_rows, heads, block_i, heads_per_cta)
     hpc = heads_per_cta or heads_per_cta_for(heads)

@@ -8,8 +8,10 @@ from glmlab.kernels.dsa.dispatch import (
     H200,
     SM90_SMEM_PER_CTA,
     GpuArch,
+    Schedule,
     SparseMlaConfig,
     choose_block,
+    choose_block_v1,
     smem_bytes,
     tile_iterations,
 )
@@ -37,11 +39,28 @@ def test_seed_iteration_counts():
     pytest.param(H200, FP8_RAW_512, 1, 16, 32, 16, 16, id="decode-one-row-max-splits"),
     pytest.param(H200, FP8_RAW_512, 3, 2, 32, 16, 16, id="tiny-heads-padded-to-16"),
 ])
-def test_rule(arch, layout, rows, heads, block, hpc, splits):
-    cfg = choose_block(arch, layout, rows, heads)
+def test_rule_v1(arch, layout, rows, heads, block, hpc, splits):
+    cfg = choose_block_v1(arch, layout, rows, heads)
     assert (cfg.block_i, cfg.heads_per_cta, cfg.num_splits) == (block, hpc, splits), cfg.describe()
-    assert cfg.threads == (256 if hpc == 64 else 128)
+    assert cfg.threads == (256 if hpc == 64 else 128) and cfg.schedule is Schedule.SERIAL
     assert str(block) in cfg.describe()
+
+
+@pytest.mark.parametrize("arch,layout,rows,heads,schedule,hpc,splits", [
+    pytest.param(H200, BF16_512, 1056, 16, Schedule.WS, 16, 1, id="decode-verify-TP4-ws"),
+    pytest.param(H200, FP8_SCALED_512, 32768, 64, Schedule.WS, 64, 1, id="prefill-64heads-ws"),
+    pytest.param(H200, FP8_RAW_512, 64, 16, Schedule.WS, 16, 4, id="few-rows-split-k"),
+    pytest.param(H200, FP8_RAW_512, 1, 64, Schedule.WS, 64, 16, id="one-row-max-splits"),
+    pytest.param(H200, MlaKVLayout(KVFormat.FP8_SCALED, 64), 5, 16, Schedule.SERIAL, 16, 16,
+                 id="small-rank-first-generation"),
+    pytest.param(A100, BF16_512, 1024, 64, Schedule.SERIAL, 64, 1, id="not-sm90"),
+])
+def test_rule(arch, layout, rows, heads, schedule, hpc, splits):
+    cfg = choose_block(arch, layout, rows, heads)
+    assert (cfg.schedule, cfg.heads_per_cta, cfg.num_splits) == (schedule, hpc, splits)
+    if schedule is Schedule.WS:
+        assert (cfg.block_i, cfg.stages, cfg.threads) == (64, 2, 384)
+        assert cfg.name == f"ws-b64-h{hpc}"
 
 
 def test_forced_choices_and_validation():
@@ -52,3 +71,9 @@ def test_forced_choices_and_validation():
         SparseMlaConfig(block_i=48, heads_per_cta=16, num_splits=1, threads=128)
     with pytest.raises(ValueError):
         SparseMlaConfig(block_i=32, heads_per_cta=16, num_splits=0, threads=128)
+    with pytest.raises(ValueError, match="384"):
+        SparseMlaConfig(64, 16, 1, 128, Schedule.WS, 2)
+    with pytest.raises(ValueError, match="64-column"):
+        SparseMlaConfig(128, 64, 1, 384, Schedule.WS, 2)
+    cfg = choose_block(H200, BF16_512, 8192, 16, schedule=Schedule.PIPELINED)
+    assert (cfg.threads, cfg.stages, cfg.name) == (128, 2, "pipelined-b64-h16-s2")
