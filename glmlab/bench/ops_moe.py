@@ -38,7 +38,6 @@ import torch
 import triton
 
 from glmlab.kernels.fp8.quant_triton import quant_act_fp8_triton
-from glmlab.kernels.fp8.ref import FP8
 from glmlab.kernels.moe import peers
 from glmlab.kernels.moe.act_triton import combine
 from glmlab.kernels.moe.configs import MoEShape, choose_config, read_table
@@ -54,7 +53,7 @@ from glmlab.kernels.moe.grouped_triton import GroupedConfig, grouped_down, group
 from glmlab.kernels.moe.permute_triton import gather_quant
 from glmlab.kernels.moe.ref import moe_experts_fp8_ref
 from glmlab.kernels.moe.routing_triton import align_pairs
-from glmlab.kernels.moe.timing import GraphTimer
+from glmlab.kernels.moe.timing import GraphTimer, measure_ceilings
 from glmlab.kernels.moe.tuner import Problem
 
 TOKENS = (8192, 1024, 64, 8, 1)  # most informative first: a time budget cuts the tail
@@ -68,30 +67,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--samples", help="routing samples file (default: uniform top-8)")
     p.add_argument("--sglang-wheel", help="sglang wheel (default: .whl/sglang-*.whl)")
     p.add_argument("--candidates", default="all", choices=("all", "default"))
-    p.add_argument("--no-ws", action="store_true", help="skip warp-specialised candidates")
+    p.add_argument("--ws", choices=("with", "without", "only"), default="with",
+                   help="warp-specialised candidates; only: just those GEMM rows")
     p.add_argument("--check-m", type=int, default=64, help="M of the numerics check rows")
     p.add_argument("--time-budget", type=float, help="seconds; later cases are skipped")
     p.add_argument("--stream", help="append each case's rows to this JSONL file as it goes")
     return p.parse_args(argv)
-
-
-def measure_ceilings() -> dict:
-    """HBM bandwidth and the FP8 ``torch._scaled_mm`` 8192^3 rate, measured now (eager)."""
-    import triton.testing
-
-    def us(fn) -> float:
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
-
-    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
-    dst = torch.empty_like(src)
-    copy_us, read_us = us(lambda: dst.copy_(src)), us(lambda: src.sum(dtype=torch.float32))
-    n = 8192
-    a, b = (torch.randn(n, n, device="cuda").to(FP8) for _ in range(2))
-    one = torch.ones((), device="cuda")
-    mm_us = us(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16))
-    nbytes = src.numel() * src.element_size()
-    return {"hbm_copy_tbs": 2 * nbytes / copy_us / 1e6, "hbm_read_tbs": nbytes / read_us / 1e6,
-            "fp8_scaled_mm_tflops": 2 * n ** 3 / mm_us / 1e6}
 
 
 def _rates(us: float, weight_bytes: int, flops: int, ceil: dict) -> dict:
@@ -381,8 +362,15 @@ def run(argv: list[str]) -> list[dict]:
             default = choose_grouped(m, e, p.shape.top_k)
             for i, proj in enumerate(("up", "down")):
                 cands = [] if args.candidates == "default" else [
-                    g for g in GROUPED_CANDIDATES[proj] if not (args.no_ws and g.warp_specialize)]
+                    g for g in GROUPED_CANDIDATES[proj]
+                    if {"with": True, "without": not g.warp_specialize,
+                        "only": g.warp_specialize}[args.ws]]
+                if args.ws == "only":
+                    bench_grouped(c, cands, proj, cands[0])
+                    continue
                 bench_grouped(c, cands, proj, default[i])
+            if args.ws == "only":
+                continue
             bench_previous(c, table)
             if module is not None:
                 bench_sglang(c, module, tables, src)

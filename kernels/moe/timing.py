@@ -79,3 +79,24 @@ class WallTimer:
 
 def timer_for(device: torch.device) -> GraphTimer | WallTimer:
     return GraphTimer() if device.type == "cuda" else WallTimer()
+
+
+def measure_ceilings() -> dict:
+    """HBM bandwidth and the FP8 ``torch._scaled_mm`` 8192^3 rate, measured now (eager)."""
+    import triton.testing
+
+    from glmlab.kernels.fp8.ref import FP8
+
+    def us(fn) -> float:
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
+
+    src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)  # 2 GiB
+    dst = torch.empty_like(src)
+    copy_us, read_us = us(lambda: dst.copy_(src)), us(lambda: src.sum(dtype=torch.float32))
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda").to(FP8) for _ in range(2))
+    one = torch.ones((), device="cuda")
+    mm_us = us(lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16))
+    nbytes = src.numel() * src.element_size()
+    return {"hbm_copy_tbs": 2 * nbytes / copy_us / 1e6, "hbm_read_tbs": nbytes / read_us / 1e6,
+            "fp8_scaled_mm_tflops": 2 * n ** 3 / mm_us / 1e6}
