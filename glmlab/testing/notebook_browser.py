@@ -173,8 +173,8 @@ def problems(r: NotebookReport) -> list[str]:
     out += [f"cell {w['cell']}: not rendered: {w['what']}" for w in p.get("unrendered", [])]
     out += [f"cell {o['cell']}: output {o['px']} px wider than its {o['width']} px area "
             f"({o['mime'] or 'widget'})" for o in p.get("overflow", [])]
-    out += [f"cell {w['cell']}: {w['lines']} printed lines take {w['rendered']} rows (wrapped)"
-            for w in p.get("wrapped", [])]
+    out += [f"cell {w['cell']}: printed text breaks inside a word or number {w['breaks']} "
+            f"times, e.g. {w['at']}" for w in p.get("wrapped", [])]
     out += [f"cell {t['cell']}: Markdown table printed as text: {t['line']!r}"
             for t in p.get("pipe_text", [])]
     tables = p.get("tables", []) + [t for f in p.get("figures", []) for t in f["tables"]]
@@ -225,7 +225,7 @@ def figures(r: NotebookReport) -> dict:
                                if t["visible"] < t["rows"]],
         "widest_overflow_px": max((o["px"] for o in p.get("overflow", [])), default=0),
         "output_width_px": p.get("output_width"),
-        "wrapped_blocks": len(p.get("wrapped", [])),
+        "mid_word_breaks": sum(w["breaks"] for w in p.get("wrapped", [])),
         "pipe_text_tables": len(p.get("pipe_text", [])),
         "untitled_axes": sum(len(f["untitled"]) for f in figs),
         "legend_overlap_px2": max((f["legend_overlap"] for f in figs), default=0),

@@ -32,6 +32,27 @@ const cellOf = (el) => {
 // the plotly renderer's output element is the plot itself
 const plotsIn = (o) => o.matches('.js-plotly-plot') ? [o]
   : [...o.querySelectorAll('.js-plotly-plot')];
+// where a rendered line ends between two non-space characters (a number or word split)
+const midWordBreaks = (el) => {
+  const found = [], walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+  let prevTop = null, prevChar = '', prevText = '';
+  const range = document.createRange();
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const t = n.textContent;
+    for (let i = 0; i < t.length; i++) {
+      const ch = t[i];
+      if (ch === '\n') { prevTop = null; continue; }
+      range.setStart(n, i); range.setEnd(n, i + 1);
+      const r = range.getClientRects()[0];
+      if (!r) continue;
+      const top = Math.round(r.top);
+      if (prevTop !== null && top > prevTop + 2 && /\S/.test(ch) && /\S/.test(prevChar))
+        found.push((prevText + ch).slice(-12) + '|' + t.slice(i + 1, i + 8));
+      prevTop = top; prevChar = ch; prevText = (prevText + ch).slice(-12);
+    }
+  }
+  return found;
+};
 const labelOf = (el) => {
   const l = el.querySelector('.widget-label');
   return ((l && l.textContent) || el.textContent || '').trim().slice(0, 40);
@@ -73,16 +94,12 @@ for (const o of topOutputs()) {
   }
   const wide = Math.max(o.scrollWidth - o.clientWidth, stick);
   if (wide > 1) out.overflow.push({cell, mime, px: Math.round(wide), width: o.clientWidth});
-  // printed text: lines that wrap, pipe tables
-  for (const pre of o.querySelectorAll('pre')) {
+  // printed text: lines broken inside a word or number, pipe tables
+  for (const pre of o.querySelectorAll('pre, .glmlab-lines > div')) {
     const lines = pre.textContent.split('\n').filter((l) => l.trim());
-    const range = document.createRange();
-    range.selectNodeContents(pre);
-    const tops = new Set([...range.getClientRects()].filter((r) => r.width > 0)
-                             .map((r) => Math.round(r.top)));
-    if (tops.size > lines.length)
-      out.wrapped.push({cell, lines: lines.length, rendered: tops.size,
-                        longest: Math.max(...lines.map((l) => l.length))});
+    const breaks = midWordBreaks(pre);
+    if (breaks.length)
+      out.wrapped.push({cell, lines: lines.length, breaks: breaks.length, at: breaks.slice(0, 3)});
     const pipes = lines.filter((l) => /^\s*\|.*\|\s*$/.test(l));
     if (pipes.length >= 2 && lines.some((l) => /^\s*\|?\s*:?-{3,}/.test(l)))
       out.pipe_text.push({cell, line: pipes[0].slice(0, 80)});
