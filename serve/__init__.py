@@ -1,9 +1,11 @@
 """glmlab.serve: the HTTP service around the Engine, mixed or disaggregated (prefill + decode).
 
-Pieces: ``api`` + ``oai`` + ``schemas`` (FastAPI app speaking SGLang's /generate and OpenAI's /v1),
-``worker`` (an Engine on its own thread, ``loop``), ``adapter`` (the narrow Engine contract),
-``pd`` / ``decode`` (the two PD roles), ``bootstrap`` (pairing by ``bootstrap_room``), ``kvplan``
-(which cache rows a request sends), ``transfer`` (NIXL WRITE), ``router`` (sglang-router in PD
-mode), ``supervisor`` (the processes of one service), ``server`` (one worker process),
-``timeline`` (per-request PD traces). ``glmlab serve`` is ``glmlab/commands/serve.py``.
+Pieces: ``api`` (FastAPI app: the three generation routes share one path), ``schemas`` (request
+bodies -> one ``GenRequest``), ``responses`` (SGLang / OpenAI answers from the engine's records),
+``errors``; ``worker`` (an ``Engine`` driven on its own thread, ``engine_thread``), ``pd`` (the PD
+protocol), ``prefill`` / ``decode`` (the two PD roles), ``bootstrap`` (pairing by
+``bootstrap_room``), ``kvplan`` (which cache rows a request sends), ``transfer`` (NIXL WRITE);
+``config`` (layouts, worker configs, the engine config of a role), ``router`` (sglang-router),
+``supervisor`` (the processes of one service), ``server`` (one worker process), ``metrics``,
+``timeline`` (per-request traces). ``glmlab serve`` is ``glmlab/commands/serve.py``.
 """

@@ -1,49 +1,50 @@
 """The HTTP API of one worker (FastAPI): SGLang's /generate, OpenAI's /v1, and the info routes.
 
-Routes: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON or SSE),
-``GET /v1/models``, ``/health``, ``/health_generate``, ``/model_info`` = ``/get_model_info``,
-``/server_info`` = ``/get_server_info``, ``POST /flush_cache``, ``GET /metrics``, ``GET /pd_trace``.
+The three generation routes share one path, differing only in their ``Route`` (body schema,
+reduction, renderer): parse and validate the body -> one ``GenRequest`` (schemas.py) -> the
+worker starts it, so an invalid request (the engine's ``InvalidRequest``) is a 4xx before any
+byte is sent -> its stream of engine records folds into a ``Result`` -> rendered per API
+(responses.py), whole or as SSE.
 
-Every bad request gets a 4xx with a message naming the problem, in one error shape
-(``{"error": {"message", "type", "param", "code"}}``); nothing a client sends can take the server
-down. The app knows a ``Backend`` (backend.py) and the tokenizer; roles, engines and transfers
-live behind the backend.
+Other routes: ``GET /v1/models``, ``/health``, ``/health_generate``, ``/model_info`` =
+``/get_model_info``, ``/server_info`` = ``/get_server_info``, ``POST /flush_cache``,
+``GET /metrics``, ``GET /pd_trace``. Every error answer has one shape (errors.py); nothing a
+client sends can take the server down. The app knows a worker's public methods and its model
+card; roles, engines and transfers live behind them.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.background import BackgroundTask
 
-from glmlab.serve import oai
-from glmlab.serve.backend import Backend, Finish, ServeError
+from glmlab.core import InvalidRequest, RequestOutput
+from glmlab.serve.errors import RequestError, ServeError, error_body, error_response
 from glmlab.serve.metrics import ServeMetrics
+from glmlab.serve.responses import (
+    ChatRenderer,
+    CompletionRenderer,
+    Renderer,
+    Result,
+    SglangRenderer,
+)
 from glmlab.serve.schemas import (
     ChatBody,
     CompletionBody,
     GenerateBody,
     GenRequest,
-    RequestError,
     from_chat,
     from_completion,
     from_generate,
 )
-from glmlab.serve.textstream import TextStream
 from glmlab.tokenizer import TokenizerError
-
-
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    if status == 404:
-        kind = "not_found_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
-                                   "code": status}}, status_code=status)
 
 
 async def parse_body(request: Request, model: type[BaseModel]):
@@ -62,93 +63,111 @@ async def parse_body(request: Request, model: type[BaseModel]):
         raise RequestError(f"invalid request: {problems}") from e
 
 
-@dataclass
-class Update:
-    """One step of a request as the APIs see it: new text and tokens, and the end."""
+def _chat_request(body: ChatBody, card) -> GenRequest:
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    prompt = card.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=not body.continue_final_message)
+    return from_chat(body, prompt)
 
-    delta: str
-    new_ids: tuple[int, ...]
-    new_logprobs: tuple[float, ...] | None
-    finish: Finish | None
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    meta: dict
+
+@dataclass(frozen=True)
+class Route:
+    """What one generation API adds to the shared path."""
+
+    body: type[BaseModel]
+    reduce: Callable  # (body, card) -> GenRequest
+    renderer: type[Renderer]
+
+
+ROUTES = {
+    "/generate": Route(GenerateBody, lambda body, _card: from_generate(body), SglangRenderer),
+    "/v1/completions": Route(CompletionBody, lambda body, _card: from_completion(body),
+                             CompletionRenderer),
+    "/v1/chat/completions": Route(ChatBody, _chat_request, ChatRenderer),
+}
 
 
 class Api:
-    def __init__(self, backend: Backend):
-        self.backend, self.card = backend, backend.card
-        self.metrics = ServeMetrics(backend.stats)
+    """The shared path of the generation routes, over one worker."""
 
-    def prompt_ids(self, req: GenRequest) -> list[int]:
-        """Tokenize and check the prompt against the vocabulary and the context length."""
+    def __init__(self, worker):
+        self.worker, self.card = worker, worker.card
+        self.metrics = ServeMetrics(worker.stats)
+
+    async def handle(self, request: Request, route: Route):
+        body = await parse_body(request, route.body)
         card = self.card
+        if not card.accepts(body.model):
+            raise RequestError(f"model {body.model!r} not found: this server serves "
+                               f"{card.served_model_name!r}", status=404, param="model")
+        req = route.reduce(body, card)
+        options = getattr(body, "stream_options", None)
+        render = route.renderer(req, card.served_model_name, card.tokenizer,
+                                bool(options and options.include_usage))
         ids = list(req.input_ids) if req.input_ids is not None else card.tokenizer.encode(req.text)
-        if not ids:
-            raise RequestError("the prompt is empty", param="prompt")
-        bad = [i for i in ids if not 0 <= i < card.vocab_size]
-        if bad:
-            raise RequestError(f"token ids out of range [0, {card.vocab_size}): {bad[:5]}",
-                               param="input_ids")
-        need = len(ids) + req.params.max_new_tokens
-        if need > card.context_len:
-            raise RequestError(f"the prompt ({len(ids)} tokens) plus max_new_tokens "
-                               f"({req.params.max_new_tokens}) is {need} tokens, over the context "
-                               f"length of {card.context_len}", param="max_new_tokens")
-        return ids
-
-    async def run(self, req: GenRequest, ids: list[int]) -> AsyncIterator[Update]:
-        """The backend's events turned into text deltas; stop strings end the request here."""
-        tok = self.card.tokenizer
-        text = TextStream(lambda x: tok.decode(x, skip_special_tokens=req.skip_special_tokens),
-                          req.params.stop, keep_stop=req.no_stop_trim)
-        start, first, cached, status = time.perf_counter(), None, 0, "error"
-        stream = self.backend.generate(req, ids)
+        result = Result(req.rid, len(ids))
         try:
-            async for ev in stream:
-                first = first if first is not None or not ev.new_ids else time.perf_counter()
-                cached = ev.cached_tokens
-                finish = ev.finish
-                delta = text.add(list(ev.new_ids), final=finish is not None)
-                if text.matched_stop is not None and finish is None:
-                    finish = Finish("stop", text.matched_stop)
-                yield Update(delta, ev.new_ids, ev.new_logprobs, finish, len(ids),
-                             len(text.ids), cached, ev.meta)
-                if finish is not None:
-                    status = finish.kind
+            records = await self.worker.open(req, ids, result.meta)
+        except InvalidRequest as e:
+            raise RequestError(str(e), param=e.field) from e
+        if not req.stream:
+            async for _ in self.results(records, result):
+                pass
+            return render.whole(result)
+        # closing the records after the response also covers a client gone before the first
+        # chunk, when the stream never started (a started one closes them itself)
+        return sse(self._events(render, self.results(records, result)),
+                   BackgroundTask(records.aclose))
+
+    async def results(self, records: AsyncIterator[RequestOutput],
+                      result: Result) -> AsyncIterator[Result]:
+        """``result`` after each record, until the request finishes; closing early (a client
+        gone) aborts it in the worker."""
+        start, first, status = time.perf_counter(), None, "error"
+        try:
+            async for out in records:
+                if first is None and out.new_token_ids:
+                    first = time.perf_counter()
+                result.add(out)
+                yield result
+                if result.finish_reason is not None:
+                    status = result.finish_reason.value
                     break
         finally:
-            await stream.aclose()  # aborts the request in the worker if it is still running
+            await records.aclose()
             ttft = None if first is None else first - start
-            self.metrics.finished(status, len(ids), len(text.ids), cached, ttft,
-                                  time.perf_counter() - start)
+            self.metrics.finished(status, result.prompt_tokens, result.completion_tokens,
+                                  result.cached_tokens, ttft, time.perf_counter() - start)
 
-    async def collect(self, req: GenRequest, ids: list[int]) -> tuple[Update, str, list, list]:
-        """Run to the end: (last update, full text, all ids, all logprobs)."""
-        text, out_ids, logprobs, last = "", [], [], None
-        async for u in self.run(req, ids):
-            text += u.delta
-            out_ids.extend(u.new_ids)
-            logprobs.extend(u.new_logprobs or ())
-            last = u
-        return last, text, out_ids, logprobs
+    @staticmethod
+    async def _events(render: Renderer, results: AsyncIterator[Result]) -> AsyncIterator[dict]:
+        for e in render.head():
+            yield e
+        last = None
+        async for r in results:
+            last = r
+            chunk = render.chunk(r)
+            if chunk is not None:
+                yield chunk
+        if last is not None:
+            for e in render.tail(last):
+                yield e
 
 
-def sse(events: AsyncIterator[dict]) -> StreamingResponse:
+def sse(events: AsyncIterator[dict], background: BackgroundTask) -> StreamingResponse:
     async def body():
         try:
             async for e in events:
                 yield f"data: {json.dumps(e)}\n\n"
         except ServeError as e:
-            yield f"data: {json.dumps({'error': {'message': str(e), 'code': e.status}})}\n\n"
+            yield f"data: {json.dumps(error_body(e.status, str(e)))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    return StreamingResponse(body(), media_type="text/event-stream", background=background)
 
 
-def build_app(backend: Backend) -> FastAPI:
-    api = Api(backend)
+def build_app(worker) -> FastAPI:
+    api = Api(worker)
     card = api.card
     app = FastAPI(title=f"glmlab {card.role} worker", docs_url=None, redoc_url=None)
     app.state.api = api
@@ -165,47 +184,13 @@ def build_app(backend: Backend) -> FastAPI:
     async def on_tokenizer_error(_req, e: TokenizerError):
         return error_response(400, str(e))
 
-    def check_model(name: str | None) -> None:
-        if not card.accepts(name):
-            raise RequestError(f"model {name!r} not found: this server serves "
-                               f"{card.served_model_name!r}", status=404, param="model")
+    def generation(route: Route):
+        async def generate(request: Request):
+            return await api.handle(request, route)
+        return generate
 
-    @app.post("/generate")
-    async def generate(request: Request):
-        body = await parse_body(request, GenerateBody)
-        check_model(body.model)
-        req = from_generate(body)
-        ids = api.prompt_ids(req)
-        if req.stream:
-            return sse(oai.sglang_stream(api, req, ids))
-        return oai.sglang_response(req, *(await api.collect(req, ids)))
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await parse_body(request, CompletionBody)
-        check_model(body.model)
-        req = from_completion(body)
-        ids = api.prompt_ids(req)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if req.stream:
-            return sse(oai.completion_stream(api, req, ids, card.served_model_name,
-                                             include_usage))
-        return oai.completion_response(req, card.served_model_name, card.tokenizer,
-                                       *(await api.collect(req, ids)))
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request):
-        body = await parse_body(request, ChatBody)
-        check_model(body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt = card.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=not body.continue_final_message)
-        req = from_chat(body, prompt)
-        ids = api.prompt_ids(req)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if req.stream:
-            return sse(oai.chat_stream(api, req, ids, card.served_model_name, include_usage))
-        return oai.chat_response(req, card.served_model_name, *(await api.collect(req, ids)))
+    for path, route in ROUTES.items():
+        app.post(path)(generation(route))
 
     @app.get("/v1/models")
     async def models():
@@ -214,11 +199,8 @@ def build_app(backend: Backend) -> FastAPI:
             "root": str(card.model_dir), "max_model_len": card.context_len}]}
 
     @app.get("/health")
-    async def health():
-        return Response(status_code=200)
-
     @app.get("/health_generate")
-    async def health_generate():
+    async def health():
         return Response(status_code=200)
 
     @app.get("/model_info")
@@ -233,13 +215,14 @@ def build_app(backend: Backend) -> FastAPI:
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info():
-        return backend.server_info()
+        return await worker.server_info()
 
     @app.post("/flush_cache")
     @app.get("/flush_cache")
     async def flush_cache():
-        ok, message = await backend.flush_cache()
-        return Response(message, status_code=200 if ok else 400)
+        ok = await worker.flush_cache()
+        return Response("Cache flushed.\n" if ok else "Cache not flushed: requests are running.\n",
+                        status_code=200 if ok else 400)
 
     @app.get("/metrics")
     async def metrics():
@@ -247,6 +230,6 @@ def build_app(backend: Backend) -> FastAPI:
 
     @app.get("/pd_trace")
     async def pd_trace():
-        return {"events": backend.trace()}
+        return {"events": worker.timeline.recent()}
 
     return app

@@ -62,8 +62,6 @@ class InstanceSpec:
     port: int
     device: str = "cpu"
     bootstrap_port: int | None = None  # prefill only
-    tp_size: int = 1
-    ep_size: int = 1
 
     @property
     def url(self) -> str:
@@ -92,10 +90,6 @@ class ServeConfig:
     mixed_ports: tuple[int, ...] = ()  # default: 31000, 31001, ...
     prefill_devices: tuple[str, ...] = ("cpu",)  # one per instance, or one for all
     decode_devices: tuple[str, ...] = ("cpu",)
-    prefill_tp_size: int = 1
-    prefill_ep_size: int = 1
-    decode_tp_size: int = 1
-    decode_ep_size: int = 1
     launch_hosts: tuple[str, ...] = ()  # hosts whose instances this node launches; default: all
     launch_router: bool = True
     router_policy: str = "round_robin"  # random | round_robin | cache_aware | power_of_two
@@ -124,19 +118,16 @@ class ServeConfig:
     def layout(self) -> list[InstanceSpec]:
         if self.mode is Mode.MIXED:
             return [InstanceSpec(Role.MIXED, i, self.host, _pick(self.mixed_ports, i, 31000),
-                                 _pick(self.prefill_devices, i, "cpu"), None,
-                                 self.decode_tp_size, self.decode_ep_size)
+                                 _pick(self.prefill_devices, i, "cpu"))
                     for i in range(self.num_mixed)]
         out = [InstanceSpec(Role.PREFILL, i, _pick(self.prefill_hosts, i, "127.0.0.1"),
                             _pick(self.prefill_ports, i, 31000 + i),
                             _pick(self.prefill_devices, i, "cpu"),
-                            _pick(self.bootstrap_ports, i, 8998 + i),
-                            self.prefill_tp_size, self.prefill_ep_size)
+                            _pick(self.bootstrap_ports, i, 8998 + i))
                for i in range(self.num_prefill)]
         out += [InstanceSpec(Role.DECODE, i, _pick(self.decode_hosts, i, "127.0.0.1"),
                              _pick(self.decode_ports, i, 31500 + i),
-                             _pick(self.decode_devices, i, "cpu"), None,
-                             self.decode_tp_size, self.decode_ep_size)
+                             _pick(self.decode_devices, i, "cpu"))
                 for i in range(self.num_decode)]
         used: dict[tuple[str, int], str] = {}
         for s in out:

@@ -1,6 +1,7 @@
 """The decode role of PD disaggregation: admit with a kv_only match, receive, continue.
 
-See pd.py for the protocol. Decode submits the request as *imported*; once the engine admits it
+See pd.py for the protocol. Decode queues the request as *imported* (the engine validates it
+here; a refused request also cancels its room at the prefill); once the engine admits it
 (pages for the part of the prompt its radix tree lacks, a state slot), it posts the room message
 to the prefill's listener and waits for the NIXL notification; a watcher fails the room when the
 prefill stops answering or ``transfer_timeout_s`` passes, and everything the request held is
@@ -11,16 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from glmlab.serve.adapter import EngineAdapter, Lease, StepEvent
-from glmlab.serve.backend import Progress, ServeError
+from glmlab.core import CacheTarget
+from glmlab.engine.engine import Engine
 from glmlab.serve.bootstrap import BootstrapClient, PeerInfo, RoomMessage
 from glmlab.serve.config import WorkerConfig
+from glmlab.serve.errors import ServeError
 from glmlab.serve.kvplan import row_copies
 from glmlab.serve.pd import OK, PDWorker, parse_notif, prompt_hash
 from glmlab.serve.schemas import GenRequest
+from glmlab.serve.worker import Records
 
 
 @dataclass
@@ -28,23 +30,21 @@ class _Recv:
     rid: str
     room: int
     ids: list[int]
-    req: GenRequest
     base: str
-    meta: dict
     started: float = field(default_factory=time.monotonic)
-    lease: Lease | None = None  # set when the engine admits the request
+    lease: CacheTarget | None = None  # set when the engine admits the request
     expected_bytes: int = 0
     sent: bool = False  # the room message went out: the prefill may write into the lease
     abandoned: bool = False
 
 
 class DecodeWorker(PDWorker):
-    def __init__(self, wc: WorkerConfig, adapter: EngineAdapter):
+    def __init__(self, wc: WorkerConfig, engine: Engine):
         self.importing: dict[str, _Recv] = {}  # by rid, from submission to landing
         self.quarantined: list[str] = []  # rids whose pages a live prefill may still write
         self.bytes_received = 0
         self.transfer_failures = 0
-        super().__init__(wc, adapter)
+        super().__init__(wc, engine)
         self.client = BootstrapClient(self.peer_info, self._add_peer)
 
     async def _add_peer(self, prefill: PeerInfo) -> str:
@@ -59,12 +59,12 @@ class DecodeWorker(PDWorker):
 
     def _work(self) -> bool:
         did = super()._work()
-        for rid, lease in self.eng.take_import_leases():
-            r = self.importing.get(rid)
-            if r is None:
-                continue
+        for lease in self.engine.import_targets():
+            r = self.importing.get(lease.rid)
+            if r is None or r.lease is not None:
+                continue  # not ours to report, or reported at an earlier round
             r.lease = lease
-            box = self.outboxes.get(rid)
+            box = self.outboxes.get(lease.rid)
             if box is not None:
                 box.push(lease)
         for _peer, raw in self.agent.take_notifs():
@@ -82,30 +82,30 @@ class DecodeWorker(PDWorker):
     def _landed(self, r: _Recv) -> None:
         del self.importing[r.rid]
         if r.abandoned:
-            self.eng.abort(r.rid)
+            self._drop(r.rid)
             return
         token, lp, cached, prompt_len = self.aux[r.lease.state_slot].tolist()
         if int(prompt_len) != len(r.ids):
-            self.eng.abort(r.rid)
+            self._drop(r.rid)
             self._push_error(r, f"the aux row of room {r.room} is inconsistent", 502)
             return
         ms = (time.monotonic() - r.started) * 1e3
         self.bytes_received += r.expected_bytes
-        r.meta["pd_transfer"] = {
-            "bytes": r.expected_bytes, "pages": len(r.lease.transfer_pages),
-            "decode_prefix_len": r.lease.prefix_len, "prefill_cached_tokens": int(cached),
-            "wait_ms": round(ms, 3)}
         self.timeline.add(r.rid, "transfer_landed", room=r.room, bytes=r.expected_bytes, ms=ms)
+        box = self.outboxes.get(r.rid)
+        if box is not None:  # meta_info of the answer
+            box.push({"pd_transfer": {
+                "bytes": r.expected_bytes, "pages": len(r.lease.transfer_pages),
+                "decode_prefix_len": r.lease.prefix_len, "prefill_cached_tokens": int(cached),
+                "wait_ms": round(ms, 3)}})
         lp = None if lp != lp else lp  # nan: the prefill computed no logprob
-        ev = self.eng.complete_import(r.rid, int(token), lp)
-        self._on_step_event(StepEvent(ev.rid, ev.new_ids, ev.new_logprobs, int(cached),
-                                      ev.finish))
+        self._on_output(self.engine.complete_import(r.rid, int(token), lp))
 
     def _fail(self, r: _Recv, reason: str, free: bool = True) -> None:
         self.importing.pop(r.rid, None)
         self.transfer_failures += 1
         if free:
-            self.eng.abort(r.rid)
+            self._drop(r.rid)
         else:
             self.quarantined.append(r.rid)  # stays parked in the engine, pages untouched
         self.timeline.add(r.rid, "transfer_failed", room=r.room, reason=reason, freed=free)
@@ -124,7 +124,7 @@ class DecodeWorker(PDWorker):
                 r.abandoned = True  # the notification or the watcher frees it
             elif abort:
                 self.importing.pop(rid, None)
-                self.eng.abort(rid)
+                self._drop(rid)
 
         self.thread.post(drop)
 
@@ -159,7 +159,7 @@ class DecodeWorker(PDWorker):
         await self.thread.call(lambda: self._fail(r, reason, free)
                                if r.rid in self.importing else None)
 
-    async def generate(self, req: GenRequest, ids: list[int]) -> AsyncIterator[Progress]:
+    async def open(self, req: GenRequest, ids: list[int], meta: dict) -> Records:
         self._check_alive()
         b = req.bootstrap
         if b is None:
@@ -172,26 +172,30 @@ class DecodeWorker(PDWorker):
             self.client.forget(base)
             raise ServeError(f"cannot pair with the prefill at {base}: {e}", status=502) from e
         box = await self._register(req.rid)
-        r = _Recv(req.rid, b.room, ids, req, base, {})
+        r = _Recv(req.rid, b.room, ids, base)
 
         def submit():
+            self.engine.add_request(ids, req.params, rid=req.rid, imported=True)
             self.importing[req.rid] = r
-            self.eng.submit_import(req.rid, ids, req.params, req.return_logprob)
 
-        await self.thread.call(submit)
-        asyncio.get_running_loop().create_task(self._watch(r))
         try:
-            lease = await box.get()  # the engine admitted it (or something failed)
+            await self.thread.call(submit)
+        except BaseException as e:
+            super()._forget(req.rid, abort=False)
+            # the prefill waits for this room: tell it now rather than let it time out
+            await self.client.cancel_room(base, b.room, f"decode refused the request: {e}")
+            raise
+        asyncio.get_running_loop().create_task(self._watch(r))
+
+        async def admitted():  # before the records: the engine admits it, the room goes out
+            lease = await box.get()
             if isinstance(lease, BaseException):
                 raise lease
             await self._send_room(r, lease)
-        except BaseException:
-            self._forget(req.rid, abort=True)
-            raise
-        async for ev in self._drain(req.rid, box, r.meta):
-            yield ev
 
-    async def _send_room(self, r: _Recv, lease: Lease) -> None:
+        return self._records(req.rid, box, meta, admitted)
+
+    async def _send_room(self, r: _Recv, lease: CacheTarget) -> None:
         msg = RoomMessage(r.room, self.agent.name, len(r.ids), prompt_hash(r.ids),
                           lease.prefix_len, tuple(lease.transfer_pages), lease.state_slot,
                           lease.state_slot)
@@ -205,8 +209,9 @@ class DecodeWorker(PDWorker):
             await self._fail_later(r, f"cannot send the room message: {e}", free=True)
 
     def _expected_bytes(self, msg: RoomMessage) -> int:
-        copies = row_copies(self.regions, self.eng.page_size, self.eng.kpool,
-                            list(range(self.eng.pages_for(msg.prompt_len))), 0, 0, msg)
+        pages = -(-msg.prompt_len // self.page_size)
+        copies = row_copies(self.regions, self.page_size, self.kpool, list(range(pages)), 0, 0,
+                            msg)
         return sum(c.count * self.agent.regions[c.region].row_bytes for c in copies)
 
     def stats(self) -> dict[str, float]:

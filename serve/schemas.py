@@ -7,6 +7,8 @@ unknown *sampling* parameters are rejected (SGLang does the same), and known par
 glmlab does not implement (penalties, n > 1, constrained decoding...) are rejected with their name
 rather than silently ignored.
 
+Validation of values (temperature range, ...) is the engine's (``SamplingParams``, then
+``Engine.add_request`` for the prompt), so HTTP and ``LLM`` accept and reject the same things.
 This module knows request shapes only: no tokenizer, no engine, no HTTP.
 """
 
@@ -18,15 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from glmlab.engine.sampler import SamplingParams
-
-
-class RequestError(ValueError):
-    """A request that is well-formed JSON but cannot be served as asked (HTTP 400 or 404)."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None):
-        super().__init__(message)
-        self.status, self.param = status, param
+from glmlab.core import InvalidRequest, SamplingParams
+from glmlab.serve.errors import RequestError
 
 
 class _Strict(BaseModel):
@@ -156,17 +151,19 @@ class Bootstrap:
 
 @dataclass(frozen=True)
 class GenRequest:
-    """What every API reduces to: one prompt (text or ids) and how to continue it."""
+    """What every API reduces to: one prompt (text or ids) and how to continue it (the engine's
+    ``SamplingParams``, which also say whether logprobs and which text are wanted)."""
 
     rid: str
     text: str | None
     input_ids: tuple[int, ...] | None
     params: SamplingParams
     stream: bool
-    return_logprob: bool
-    skip_special_tokens: bool
-    no_stop_trim: bool
     bootstrap: Bootstrap | None
+
+    @property
+    def return_logprob(self) -> bool:
+        return self.params.logprobs is not None
 
 
 def _unsupported(name: str, value, default) -> None:
@@ -191,25 +188,22 @@ def _bootstrap(body) -> Bootstrap | None:
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    if any(not s for s in stops):
-        raise RequestError("stop strings must be non-empty", param="stop")
-    return stops
+    return (stop,) if isinstance(stop, str) else tuple(stop or ())
 
 
 def _params(*, temperature, top_p, top_k, min_p, max_new_tokens, stop, stop_token_ids,
-            ignore_eos, seed) -> SamplingParams:
+            ignore_eos, seed, logprob: bool, skip_special_tokens: bool,
+            no_stop_trim: bool) -> SamplingParams:
     _unsupported("min_p", min_p, 0.0)
-    if max_new_tokens < 1:
-        raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}",
-                           param="max_new_tokens")
     try:
         return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
                               max_new_tokens=max_new_tokens, stop=_stops(stop),
                               stop_token_ids=tuple(stop_token_ids or ()), ignore_eos=ignore_eos,
-                              seed=seed)
-    except ValueError as e:
-        raise RequestError(str(e)) from e
+                              seed=seed, logprobs=0 if logprob else None,
+                              skip_special_tokens=skip_special_tokens,
+                              include_stop_str=no_stop_trim)
+    except InvalidRequest as e:
+        raise RequestError(str(e), param=e.field) from e
 
 
 def _first(*values):
@@ -238,20 +232,23 @@ def from_generate(body: GenerateBody) -> GenRequest:
     params = _params(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
                      max_new_tokens=sp.max_new_tokens, stop=sp.stop,
                      stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos,
-                     seed=sp.sampling_seed if sp.sampling_seed is not None else sp.seed)
+                     seed=sp.sampling_seed if sp.sampling_seed is not None else sp.seed,
+                     logprob=body.return_logprob, skip_special_tokens=sp.skip_special_tokens,
+                     no_stop_trim=sp.no_stop_trim)
     return GenRequest(_rid(body.rid), body.text,
                       None if body.input_ids is None else tuple(body.input_ids), params,
-                      body.stream, body.return_logprob, sp.skip_special_tokens, sp.no_stop_trim,
-                      _bootstrap(body))
+                      body.stream, _bootstrap(body))
 
 
-def _openai_common(body: _OpenAIBody, max_tokens: int | None) -> SamplingParams:
+def _openai_common(body: _OpenAIBody, max_tokens: int, logprob: bool) -> SamplingParams:
     for name, default in (("n", 1), ("frequency_penalty", 0.0), ("presence_penalty", 0.0),
                           ("logit_bias", None)):
         _unsupported(name, getattr(body, name), default)
     return _params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                    min_p=body.min_p, max_new_tokens=max_tokens, stop=body.stop,
-                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, seed=body.seed)
+                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, seed=body.seed,
+                   logprob=logprob, skip_special_tokens=body.skip_special_tokens,
+                   no_stop_trim=body.no_stop_trim)
 
 
 def from_completion(body: CompletionBody) -> GenRequest:
@@ -268,10 +265,9 @@ def from_completion(body: CompletionBody) -> GenRequest:
     if body.best_of not in (None, 1):
         _unsupported("best_of", body.best_of, 1)
     max_tokens = _first(body.max_completion_tokens, body.max_tokens, 16)  # OpenAI's default
-    params = _openai_common(body, max_tokens)
+    params = _openai_common(body, max_tokens, body.logprobs is not None)
     text, ids = (prompt, None) if isinstance(prompt, str) else (None, tuple(prompt))
-    return GenRequest(_rid(body.rid), text, ids, params, body.stream, body.logprobs is not None,
-                      body.skip_special_tokens, body.no_stop_trim, _bootstrap(body))
+    return GenRequest(_rid(body.rid), text, ids, params, body.stream, _bootstrap(body))
 
 
 def from_chat(body: ChatBody, prompt_text: str) -> GenRequest:
@@ -284,6 +280,6 @@ def from_chat(body: ChatBody, prompt_text: str) -> GenRequest:
     if body.top_logprobs:
         raise RequestError("top_logprobs is not supported", param="top_logprobs")
     # sglang-router rewrites max_tokens to max_completion_tokens (docs/platform.md 2.5)
-    params = _openai_common(body, _first(body.max_completion_tokens, body.max_tokens, 128))
-    return GenRequest(_rid(body.rid), prompt_text, None, params, body.stream, body.logprobs,
-                      body.skip_special_tokens, body.no_stop_trim, _bootstrap(body))
+    params = _openai_common(body, _first(body.max_completion_tokens, body.max_tokens, 128),
+                            body.logprobs)
+    return GenRequest(_rid(body.rid), prompt_text, None, params, body.stream, _bootstrap(body))

@@ -1,8 +1,9 @@
 """One worker process: ``python -m glmlab.serve.server --config JSON`` (started by the supervisor).
 
-Loads the checkpoint, builds the role's backend (worker.py), and serves its HTTP API on the
-instance's port, plus, for a prefill worker, the bootstrap listener on its bootstrap port, both
-in one asyncio loop. SIGTERM / SIGINT stop both servers, then the engine thread.
+Loads the checkpoint into an engine as the worker config says (``Engine.from_pretrained``), wraps
+it in the role's worker (worker.py), and serves its HTTP API on the instance's port, plus, for a
+prefill worker, the bootstrap listener on its bootstrap port, both in one asyncio loop. SIGTERM /
+SIGINT stop both servers, then the engine thread.
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ def _server(app, host: str, port: int) -> uvicorn.Server:
 
 
 async def serve(wc: WorkerConfig) -> None:
-    from glmlab.serve.worker import build_backend
+    from glmlab.serve.worker import load_worker
 
-    backend = build_backend(wc)
-    servers = [_server(build_app(backend), wc.spec.host, wc.spec.port)]
+    worker = load_worker(wc)
+    servers = [_server(build_app(worker), wc.spec.host, wc.spec.port)]
     if wc.spec.role is Role.PREFILL:
-        servers.append(_server(backend.bootstrap_app(), wc.spec.host, wc.spec.bootstrap_port))
+        servers.append(_server(worker.bootstrap_app(), wc.spec.host, wc.spec.bootstrap_port))
     try:
         await asyncio.gather(*(s.serve() for s in servers))
     finally:
         for s in servers:
             s.should_exit = True
-        await backend.close()
+        await worker.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,13 +69,7 @@ class Service:
     # start -------------------------------------------------------------------------------
     def start(self) -> Service:
         try:
-            specs = self.cfg.launched_here()
-            for spec in specs:
-                if spec.tp_size > 1 or spec.ep_size > 1:
-                    raise ServiceError(f"{spec.name}: tp_size {spec.tp_size} / ep_size "
-                                       f"{spec.ep_size} is expressible in the layout but the "
-                                       "engine runs one device per instance for now")
-            for spec in specs:
+            for spec in self.cfg.launched_here():
                 self._spawn_worker(spec)
             for child in list(self.children):
                 self._say(f"waiting for {child.name} at {child.url} ...")

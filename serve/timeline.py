@@ -1,6 +1,7 @@
-"""Per-request PD timelines from the workers' ``/pd_trace`` events, paired by ``bootstrap_room``.
+"""Per-request timelines: each worker's recent events (``Timeline``, served at ``/pd_trace``), and
+PD timelines from both sides' events, paired by ``bootstrap_room`` (``pd_timeline``).
 
-Each row is one phase of one request on one side, with start and end in seconds from the first
+A PD row is one phase of one request on one side, with start and end in seconds from the first
 event: decode ``wait for admission``, ``transfer`` (room sent -> cache landed) and ``decode``
 (first token -> finish); prefill ``wait for room``, ``prefill`` (room received -> WRITE posted)
 and ``write`` (posted -> done). Rows are plain dicts, ready for a DataFrame or a plotly timeline.
@@ -8,7 +9,9 @@ and ``write`` (posted -> done). Rows are plain dicts, ready for a DataFrame or a
 
 from __future__ import annotations
 
+import collections
 import json
+import time
 import urllib.request
 
 _PHASES = {  # (side, phase): (start event, end event)
@@ -18,6 +21,20 @@ _PHASES = {  # (side, phase): (start event, end event)
     ("prefill", "prefill"): ("room_received", "write_posted"),
     ("prefill", "write"): ("write_posted", "write_done"),
 }
+
+
+class Timeline:
+    """Recent per-request events (admitted, bootstrap, transfer, first token, finish)."""
+
+    def __init__(self, role: str, keep: int = 4096):
+        self.role, self.events = role, collections.deque(maxlen=keep)
+
+    def add(self, rid: str, what: str, **fields) -> None:
+        self.events.append({"t": time.time(), "role": self.role, "rid": rid, "event": what,
+                            **fields})
+
+    def recent(self) -> list[dict]:
+        return list(self.events)
 
 
 def fetch_events(url: str) -> list[dict]:

@@ -1,46 +1,80 @@
-"""A worker: one Engine on its own thread, serving requests in the mixed, prefill or decode role.
+"""A worker: an Engine on its own thread, serving requests in the mixed, prefill or decode role.
 
-``MixedWorker`` runs whole requests. The PD roles (pd.py) add the transfer: the prefill worker
-computes the prompt and pushes its cache rows, the decode worker admits the request with pages it
-lacks and continues from the pushed state. All engine calls go through ``EngineAdapter``
-(adapter.py), the narrow contract this package needs from ``glmlab.engine``; all engine and NIXL
-calls run on the worker's engine thread (loop.py).
+``Worker`` (the mixed role) runs whole requests: ``open`` queues one in the engine (which
+validates it: ``InvalidRequest`` comes back before anything is sent) and returns the stream of
+the engine's records for it. The PD roles (prefill.py, decode.py) add the transfer: the prefill
+worker computes the prompt and pushes its cache rows, the decode worker admits the request with
+pages it lacks and continues from the pushed state. Every engine and NIXL call runs on the
+worker's engine thread (engine_thread.py); the HTTP side only awaits results.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import time
-from collections.abc import AsyncIterator
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
-from glmlab.serve.adapter import EngineAdapter, StepEvent
-from glmlab.serve.backend import Finish, ModelCard, Progress, ServeError
-from glmlab.serve.config import Role, WorkerConfig
-from glmlab.serve.loop import EngineThread, Outbox
+import torch
+
+from glmlab.core import FinishReason, RequestOutput
+from glmlab.engine.engine import Engine
+from glmlab.serve.config import Role, WorkerConfig, engine_config
+from glmlab.serve.engine_thread import EngineThread, Outbox
+from glmlab.serve.errors import ServeError
 from glmlab.serve.schemas import GenRequest
+from glmlab.serve.timeline import Timeline
 from glmlab.tokenizer import Tokenizer
 
 
-class Timeline:
-    """Recent per-request events (bootstrap, transfer, first token, finish) for /pd_trace."""
+@dataclass(frozen=True)
+class ModelCard:
+    """What the HTTP layer shows of the model a worker serves."""
 
-    def __init__(self, role: str, keep: int = 4096):
-        self.role, self.events = role, collections.deque(maxlen=keep)
+    served_model_name: str
+    model_dir: Path
+    context_len: int  # prompt + output tokens one request may reach
+    tokenizer: Tokenizer
+    role: str
+    model_type: str = "glm5_next"
+    architectures: tuple[str, ...] = ("Glm5NextForConditionalGeneration",)
 
-    def add(self, rid: str, what: str, **fields) -> None:
-        self.events.append({"t": time.time(), "role": self.role, "rid": rid, "event": what,
-                            **fields})
+    def accepts(self, name: str | None) -> bool:
+        return name in (None, "", self.served_model_name, str(self.model_dir), "default")
+
+
+class Records:
+    """The engine's records of one request. Closing it before the end, even before the first
+    record was read (a client gone at once), aborts the request and frees what it holds."""
+
+    def __init__(self, gen: AsyncIterator[RequestOutput], abort: Callable[[], None]):
+        self._gen, self._abort, self._started = gen, abort, False
+
+    def __aiter__(self) -> Records:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        self._started = True
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        if not self._started:
+            self._started = True
+            self._abort()
+        await self._gen.aclose()
 
 
 class Worker:
-    """Shared machinery: the engine thread, request outboxes, stats; roles override ``generate``."""
+    """The engine thread, one outbox per request, stats; the PD roles override ``open``."""
 
-    def __init__(self, wc: WorkerConfig, adapter: EngineAdapter):
-        self.wc, self.eng = wc, adapter
-        tok = Tokenizer.from_dir(wc.model_dir, adapter.eos_token_ids)
-        self.card = ModelCard(wc.served_model_name, _path(wc.model_dir), adapter.context_len,
-                              adapter.vocab_size, tok, wc.spec.role.value)
+    def __init__(self, wc: WorkerConfig, engine: Engine):
+        if engine.tokenizer is None:
+            raise ServeError(f"{wc.model_dir} has no tokenizer.json: the service needs one")
+        self.wc, self.engine = wc, engine
+        self.card = ModelCard(wc.served_model_name, Path(wc.model_dir), engine.context_len,
+                              engine.tokenizer, wc.spec.role.value)
         self.timeline = Timeline(wc.spec.role.value)
         self.outboxes: dict[str, Outbox] = {}
         self.thread = EngineThread(self._work, self._busy)
@@ -48,21 +82,29 @@ class Worker:
 
     # engine thread -----------------------------------------------------------------------
     def _busy(self) -> bool:
-        return self.eng.has_work()
+        return self.engine.has_work
 
     def _work(self) -> bool:
-        if not self.eng.has_work():
+        if not self.engine.has_work:
             return False
-        for ev in self.eng.step():
-            self._on_step_event(ev)
+        for out in self.engine.step():
+            self._on_output(out)
         return True
 
-    def _on_step_event(self, ev: StepEvent) -> None:
-        box = self.outboxes.get(ev.rid)
+    def _on_output(self, out: RequestOutput) -> None:
+        box = self.outboxes.get(out.rid)
         if box is not None:
-            box.push(Progress(tuple(ev.new_ids), ev.new_logprobs, ev.cached_tokens, ev.finish))
-        if ev.finish is not None:
-            self.timeline.add(ev.rid, "finish", reason=ev.finish.kind)
+            box.push(out)
+        if out.finished:
+            self.timeline.add(out.rid, "finish", reason=out.finish_reason.value)
+            if out.finish_reason is not FinishReason.PREFILLED:
+                self.engine.forget(out.rid)
+
+    def _drop(self, rid: str) -> None:
+        """End ``rid`` in the engine (if it is still there) and forget its record."""
+        self.engine.abort(rid)
+        with contextlib.suppress(KeyError):  # never queued here, or already forgotten
+            self.engine.forget(rid)
 
     # asyncio side ------------------------------------------------------------------------
     async def _register(self, rid: str) -> Outbox:
@@ -80,92 +122,116 @@ class Worker:
         def drop():
             self.outboxes.pop(rid, None)
             if abort:
-                self.eng.abort(rid)
+                self._drop(rid)
 
         self.thread.post(drop)
 
-    async def _drain(self, rid: str, box: Outbox, meta: dict | None = None,
-                     ) -> AsyncIterator[Progress]:
-        """Events of ``rid`` until it finishes; an early exit aborts it."""
-        done = False
+    def _records(self, rid: str, box: Outbox, meta: dict,
+                 before: Callable[[], Awaitable[None]] | None = None) -> Records:
+        return Records(self._drain(rid, box, meta, before), lambda: self._forget(rid, True))
+
+    async def _drain(self, rid: str, box: Outbox, meta: dict,
+                     before: Callable[[], Awaitable[None]] | None) -> AsyncIterator[RequestOutput]:
+        """The records of ``rid`` until it finishes (dicts pushed to its box update ``meta``),
+        after ``before()`` (decode: the room message); an early exit aborts it."""
+        done, first = False, True
         try:
-            first = True
+            if before is not None:
+                await before()
             while True:
-                ev = await box.get()
-                if isinstance(ev, BaseException):
-                    raise ev
-                if first and ev.new_ids:
+                item = await box.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, dict):
+                    meta.update(item)
+                    continue
+                if first and item.new_token_ids:
                     self.timeline.add(rid, "first_token")
                     first = False
-                if meta and ev.finish is not None:
-                    ev = Progress(ev.new_ids, ev.new_logprobs, ev.cached_tokens, ev.finish,
-                                  meta)
-                yield ev
-                if ev.finish is not None:
+                yield item
+                if item.finished:
                     done = True
                     return
         finally:
             self._forget(rid, abort=not done)
 
-    async def generate(self, req: GenRequest, ids: list[int]) -> AsyncIterator[Progress]:
+    async def open(self, req: GenRequest, ids: list[int], meta: dict) -> Records:
+        """Queue ``req``; raises the engine's ``InvalidRequest`` (or a ServeError) at once, else
+        returns the stream of its records. ``meta`` receives extra meta_info (PD transfers)."""
         self._check_alive()
         box = await self._register(req.rid)
         self.timeline.add(req.rid, "admitted", prompt_len=len(ids))
-        await self.thread.call(lambda: self.eng.submit(req.rid, ids, req.params,
-                                                       req.return_logprob))
-        async for ev in self._drain(req.rid, box):
-            yield ev
+        try:
+            await self.thread.call(lambda: self.engine.add_request(ids, req.params, rid=req.rid))
+        except BaseException:
+            self._forget(req.rid, abort=False)
+            raise
+        return self._records(req.rid, box, meta)
 
     def _check_alive(self) -> None:
         if self.thread.failure:
             raise ServeError("the engine thread died: " + self.thread.failure.splitlines()[-1])
 
-    async def flush_cache(self) -> tuple[bool, str]:
-        ok = await self.thread.call(self.eng.flush_cache)
-        return (True, "Cache flushed.\n") if ok else (
-            False, "Cache not flushed: requests are running.\n")
+    async def flush_cache(self) -> bool:
+        return await self.thread.call(self.engine.flush_cache)
 
     def stats(self) -> dict[str, float]:
-        return {**self.eng.stats(), "num_pending_requests": len(self.outboxes)}
+        """Gauges, under SGLang's names where it has one (read at scrape time)."""
+        s = self.engine.stats()
+        return {"num_running_reqs": s.running, "num_queue_reqs": s.waiting,
+                "num_parked_reqs": s.parked, "num_pending_requests": len(self.outboxes),
+                "token_usage": s.pages_used / max(1, s.pages_total),
+                "pages_used": s.pages_used, "pages_total": s.pages_total,
+                "pages_tree": s.pages_tree, "pages_evictable": s.pages_evictable,
+                "state_slots_used": s.state_slots_used, "state_slots_total": s.state_slots_total,
+                "state_checkpoints": s.state_checkpoints, "cache_hit_rate": s.hit_rate,
+                "cached_tokens_total": s.cached_tokens}
 
-    def server_info(self) -> dict:
-        return {"role": self.wc.spec.role.value, "disaggregation_mode": _mode(self.wc),
+    def _leak_check(self) -> str:
+        """"ok" when nothing holds a lease and every pool is free or evictable cache."""
+        if not self.engine.is_idle:
+            return "busy"
+        problems = self.engine.leaks()
+        return "ok" if not problems else "leak: " + "; ".join(problems)
+
+    def _info(self) -> dict:
+        e, wc = self.engine, self.wc
+        return {"role": wc.spec.role.value,
+                "disaggregation_mode": "null" if wc.spec.role is Role.MIXED else wc.spec.role.value,
                 "served_model_name": self.card.served_model_name,
                 "model_path": str(self.card.model_dir), "tokenizer_path": str(self.card.model_dir),
-                "context_len": self.card.context_len, "engine": self.eng.describe(),
-                "internal_states": [self.stats()], "leak_check": self.eng.leak_check(),
+                "context_len": e.context_len,
+                # every knob as served, the bound backends, the pools; then what the weights are.
+                # Not "model": sglang-router takes that key for the model's id in /v1/models.
+                "engine": e.describe(), "weights": weight_info(e.model),
+                "internal_states": [self.stats()], "leak_check": self._leak_check(),
                 "version": "glmlab"}
 
-    def trace(self) -> list[dict]:
-        return list(self.timeline.events)
+    async def server_info(self) -> dict:
+        # on the engine thread: the leak check walks the pools, which only that thread mutates
+        return await self.thread.call(self._info)
 
     async def close(self) -> None:
         self.thread.stop()
         self.thread.join(5)
 
 
-class MixedWorker(Worker):
-    pass
+def weight_info(model) -> dict:
+    """What the loaded weights are, counted on the model itself: how many tensors (and bytes)
+    stayed block-FP8 for the kernels, and the bytes of all of them."""
+    tensors = list(itertools.chain(model.parameters(), model.buffers()))
+    fp8 = [t for t in tensors if t.dtype == torch.float8_e4m3fn]
+    return {"fp8_tensors": len(fp8), "fp8_bytes": sum(t.numel() for t in fp8),
+            "bytes": sum(t.numel() * t.element_size() for t in tensors)}
 
 
-def _mode(wc: WorkerConfig) -> str:
-    return "null" if wc.spec.role is Role.MIXED else wc.spec.role.value
-
-
-def _path(p: str):
-    from pathlib import Path
-
-    return Path(p)
-
-
-def build_backend(wc: WorkerConfig) -> Worker:
-    adapter = EngineAdapter.load(wc)
+def load_worker(wc: WorkerConfig) -> Worker:
+    """The role's worker around an engine loaded from ``wc`` (``Engine.from_pretrained``)."""
+    engine = Engine.from_pretrained(wc.model_dir,
+                                    engine_config(wc.spec.role, wc.engine, wc.spec.device))
     if wc.spec.role is Role.MIXED:
-        return MixedWorker(wc, adapter)
+        return Worker(wc, engine)
     from glmlab.serve.decode import DecodeWorker
-    from glmlab.serve.pd import PrefillWorker
+    from glmlab.serve.prefill import PrefillWorker
 
-    return (PrefillWorker if wc.spec.role is Role.PREFILL else DecodeWorker)(wc, adapter)
-
-
-__all__ = ["Finish", "MixedWorker", "Worker", "build_backend"]
+    return (PrefillWorker if wc.spec.role is Role.PREFILL else DecodeWorker)(wc, engine)

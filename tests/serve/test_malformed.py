@@ -1,4 +1,7 @@
-"""Malformed input: every case gets a 4xx naming the problem, and the server keeps serving."""
+"""Malformed input: every case gets a 4xx naming the problem, and the server keeps serving.
+
+Prompt and sampling values are judged by the engine (``InvalidRequest``), the same checks ``LLM``
+applies; the service adds the JSON and schema checks and the unsupported-feature refusals."""
 
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ CASES = [
     ("batch-text", GEN, {"text": ["a", "b"]}, 400, "batch"),
     ("text-number", GEN, {"text": 5}, 400, "text"),
     ("ids-strings", GEN, {"input_ids": ["a"]}, 400, "input_ids"),
-    ("ids-out-of-vocab", GEN, {"input_ids": [1, 10**9]}, 400, "out of range"),
-    ("ids-negative", GEN, {"input_ids": [-1]}, 400, "out of range"),
+    ("ids-out-of-vocab", GEN, {"input_ids": [1, 10**9]}, 400, "token ids must be in [0, 320)"),
+    ("ids-negative", GEN, {"input_ids": [-1]}, 400, "token ids must be in [0, 320)"),
     ("empty-text", GEN, {"text": ""}, 400, "empty"),
     ("temperature-string", GEN, {"text": "a", "sampling_params": {"temperature": "hot"}}, 400,
      "temperature"),
@@ -43,7 +46,9 @@ CASES = [
     ("empty-stop", GEN, {"text": "a", "sampling_params": {"stop": [""]}}, 400, "stop"),
     ("stream-string", GEN, {"text": "a", "stream": "yes"}, 400, "stream"),
     ("over-context", GEN, {"input_ids": [1] * 10, "sampling_params": {"max_new_tokens": 10**6}},
-     400, "context length"),
+     400, "exceeds the context length"),
+    ("prompt-over-context", GEN, {"input_ids": [1] * 4096}, 400, "the context holds 4096"),
+    ("cmpl-ids-out-of-vocab", CMPL, {"prompt": [5, 320]}, 400, "token ids must be in [0, 320)"),
     ("unknown-model-generate", GEN, {"text": "a", "model": "gpt-4"}, 404, "not found"),
     ("bootstrap-half", GEN, {"text": "a", "bootstrap_room": 5}, 400, "bootstrap"),
     ("cmpl-no-prompt", CMPL, {"model": "tiny"}, 400, "prompt"),

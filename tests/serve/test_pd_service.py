@@ -121,3 +121,28 @@ def test_glmlab_bench_slo_mode_writes_jsonl(pd, tmp_path):
     for key in ("output_throughput", "p99_ttft_ms", "median_tpot_ms", "p95_itl_ms",
                 "mean_e2e_latency_ms", "cached_tokens", "torch", "host"):
         assert key in final
+
+
+def test_one_token_requests_and_stop_strings_end_where_the_engine_says(pd, mixed):
+    # max_new_tokens=1 through PD: the prefill's only token travels in the aux row, and decode's
+    # import applies the length limit at once
+    one = generate(pd.url, PROMPT, 1)
+    assert one["output_ids"] == generate(mixed.children[0].url, PROMPT, 1)["output_ids"]
+    assert one["meta_info"]["finish_reason"] == {"type": "length", "length": 1}
+    # the engine's text (its detokeniser, its stop strings) is the served text, on every route
+    ids = [(i * 29 + 3) % 250 for i in range(40)]
+    whole = generate(mixed.children[0].url, ids, 16)
+    text = whole["text"]
+    cut = next(i for i in range(4, len(text) - 2) if text[i:i + 2].isprintable()
+               and text.find(text[i:i + 2]) == i)
+    stop = text[cut:cut + 2]
+    for url in (mixed.children[0].url, pd.url):
+        out = generate(url, ids, 16, sampling_params={"max_new_tokens": 16, "temperature": 0,
+                                                      "ignore_eos": True, "stop": [stop]})
+        assert out["text"] == text[:cut], (url, out["text"], text, stop)
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    # (sglang-router refuses token-id prompts on /v1/completions: the worker's own route here)
+    status, cmpl = http(f"{mixed.children[0].url}/v1/completions", {
+        "prompt": ids, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stop": stop})
+    assert status == 200 and cmpl["choices"][0]["text"] == text[:cut]
+    assert cmpl["choices"][0]["finish_reason"] == "stop"

@@ -1,4 +1,5 @@
-"""The serving pieces that need no running process: config layouts, router argv, schemas, text."""
+"""The serving pieces that need no running process: config layouts, flags, router argv, schemas,
+rendering."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ from glmlab.bench.workloads import shared_prefix_requests
 from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.cli import build_parser
 from glmlab.commands.serve import build_service, engine_options
+from glmlab.core import FinishReason, RequestOutput, TokenLogprob
 from glmlab.engine.config import RadixMode
 from glmlab.serve.config import Mode, Role, ServeConfig, WorkerConfig, engine_config
+from glmlab.serve.responses import ChatRenderer, CompletionRenderer, Result, SglangRenderer
 from glmlab.serve.router import router_argv
 from glmlab.serve.schemas import (
     GenerateBody,
     RequestError,
     from_generate,
 )
-from glmlab.serve.textstream import TextStream
 from glmlab.tokenizer import Tokenizer
 
 
@@ -40,8 +42,7 @@ def test_seed_3p1d_two_node_layout_is_expressible():
     cfg = ServeConfig(num_prefill=3, prefill_hosts=(a, a, b), prefill_ports=(31000, 31001, 31000),
                       bootstrap_ports=(8998, 8999, 8998), decode_hosts=(b,), decode_ports=(31500,),
                       prefill_devices=("cuda:0-3", "cuda:4-7", "cuda:0-3"),
-                      decode_devices=("cuda:4-7",), prefill_tp_size=4, decode_tp_size=4,
-                      decode_ep_size=4, host=a, launch_hosts=(a,))
+                      decode_devices=("cuda:4-7",), host=a, launch_hosts=(a,))
     assert [s.name for s in cfg.launched_here()] == ["prefill0", "prefill1"]
     argv = router_argv(cfg, cfg.layout())
     assert argv.count("--prefill") == 3 and argv.count("--decode") == 1
@@ -84,17 +85,32 @@ def test_generate_schema_reduces_and_rejects():
         from_generate(GenerateBody.model_validate({"text": "a", "input_ids": [1]}))
 
 
-def test_text_stream_holds_partial_utf8_and_trims_stop_strings():
+def test_records_fold_into_one_result_rendered_per_api():
     tok = Tokenizer.from_dir(preset_checkpoint("tiny"))
-    ids = tok.encode("héllo wörld")
-    s = TextStream(tok.decode)
-    out = "".join(s.add([i]) for i in ids)
-    assert out == "héllo wörld" and "\ufffd" not in out
-    s = TextStream(tok.decode, stops=("wö",))
-    out = "".join(s.add([i]) for i in ids)
-    assert out == "héllo " and s.matched_stop == "wö"
-    s = TextStream(tok.decode, stops=("wö",), keep_stop=True)
-    assert "".join(s.add([i]) for i in ids) == "héllo wö"
+    req = from_generate(GenerateBody.model_validate({
+        "input_ids": [1, 2, 3], "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 4, "stop": "lo"}}))
+    r = Result(req.rid, prompt_tokens=3)
+    r.add(RequestOutput(req.rid, (10, 11), "hel", (TokenLogprob(10, -0.5),
+                                                    TokenLogprob(11, -0.25)), cached_tokens=2))
+    sglang = SglangRenderer(req, "tiny", tok)
+    chunk = sglang.chunk(r)
+    assert chunk["text"] == "hel" and chunk["meta_info"]["finish_reason"] is None
+    r.add(RequestOutput(req.rid, (12,), "", (TokenLogprob(12, -1.0),), cached_tokens=2,
+                        finish_reason=FinishReason.STOP, matched_stop="lo"))
+    whole = sglang.whole(r)
+    assert whole["text"] == "hel" and whole["output_ids"] == [10, 11, 12]
+    assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": "lo"}
+    assert whole["meta_info"]["output_token_logprobs"] == [[-0.5, 10, None], [-0.25, 11, None],
+                                                           [-1.0, 12, None]]
+    assert whole["meta_info"]["cached_tokens"] == 2 and whole["meta_info"]["completion_tokens"] == 3
+    chat = ChatRenderer(req, "tiny", tok, include_usage=True)
+    assert chat.whole(r)["choices"][0]["finish_reason"] == "stop"
+    assert chat.head()[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chat.tail(r)[0]["usage"]["total_tokens"] == 6
+    cmpl = CompletionRenderer(req, "tiny", tok).whole(r)
+    assert cmpl["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -0.25, -1.0]
+    assert cmpl["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
 
 
 def test_shared_prefix_workload_and_metrics():

@@ -1,7 +1,7 @@
 """The worker's engine thread: the one thread that touches the engine and the NIXL agent.
 
 The HTTP side (asyncio) never calls the engine directly: it posts closures with ``call`` and
-awaits their results, and it receives per-request events through ``Outbox`` queues. The thread
+awaits their results, and it receives per-request records through ``Outbox`` queues. The thread
 runs ``work()`` (one engine step plus transfer polling) while there is work, and otherwise sleeps
 until a closure arrives or ``poll_s`` passes (transfers in flight are polled at that rate).
 Keeping every engine and NIXL call on one thread makes both free of locks.
@@ -85,7 +85,7 @@ def _settle(fut: asyncio.Future, result: Any, error: BaseException | None) -> No
 
 
 class Outbox:
-    """Events of one request, pushed from the engine thread, read by its HTTP handler."""
+    """Records of one request, pushed from the engine thread, read by its HTTP handler."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop, self._queue = loop, asyncio.Queue()

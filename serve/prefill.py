@@ -1,0 +1,190 @@
+"""The prefill role of PD disaggregation: wait for decode's room, prefill, push the cache, free.
+
+See pd.py for the protocol. The request is queued as ``hold_after_prefill``: the engine keeps its
+pages and state after the first token (finish ``PREFILLED``), the worker writes the aux row and
+posts one NIXL WRITE of the pages decode lacks plus the state rows, polls it on the engine thread,
+then releases the request and answers the router with the first token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from glmlab.core import FinishReason, RequestOutput
+from glmlab.engine.engine import Engine
+from glmlab.serve.bootstrap import PeerInfo, RoomMessage, RoomTable, bootstrap_app
+from glmlab.serve.config import WorkerConfig
+from glmlab.serve.errors import ServeError
+from glmlab.serve.kvplan import row_copies
+from glmlab.serve.pd import FAIL, OK, PDWorker, notif, prompt_hash
+from glmlab.serve.schemas import GenRequest
+from glmlab.serve.transfer import PendingWrite, TransferError, WriteState
+from glmlab.serve.worker import Records
+
+
+@dataclass
+class _Push:
+    msg: RoomMessage
+    peer: PeerInfo
+    started: float = field(default_factory=time.monotonic)
+    write: PendingWrite | None = None
+    first: RequestOutput | None = None  # the engine's record of the first token
+
+
+class PrefillWorker(PDWorker):
+    def __init__(self, wc: WorkerConfig, engine: Engine):
+        self.rooms = RoomTable(expire_s=wc.transfer.bootstrap_timeout_s * 2)
+        self.peers: dict[str, PeerInfo] = {}
+        self.pushes: dict[str, _Push] = {}  # by rid
+        self.bytes_sent = 0
+        super().__init__(wc, engine)
+
+    def bootstrap_app(self):
+        return bootstrap_app(self.peer_info, self._register_peer, self.rooms, self._on_cancel)
+
+    async def _register_peer(self, peer: PeerInfo) -> None:
+        def add():
+            self.agent.add_peer(peer.metadata)
+            self.peers[peer.agent_name] = peer
+
+        await self.thread.call(add)
+
+    async def _on_cancel(self, room: int, reason: str) -> dict:
+        def cancel():
+            for rid, p in list(self.pushes.items()):
+                if p.msg.room == room:
+                    if p.write is not None:
+                        return {"posted": True}
+                    self._fail(rid, f"decode cancelled the room: {reason}", notify=False)
+            return {"posted": False}
+
+        return await self.thread.call(cancel)
+
+    # engine thread -----------------------------------------------------------------------
+    def _busy(self) -> bool:
+        return super()._busy() or any(p.write is not None for p in self.pushes.values())
+
+    def _work(self) -> bool:
+        did = super()._work()
+        for rid, p in list(self.pushes.items()):
+            if p.write is None:
+                continue
+            state = self.agent.poll(p.write)
+            late = time.monotonic() - p.started > self.wc.transfer.transfer_timeout_s
+            if state is WriteState.DONE:
+                self._done(rid, p)
+            elif state is WriteState.ERR or late:
+                self.agent.release(p.write)
+                self._fail(rid, "the NIXL WRITE " + ("timed out" if late else "failed"))
+            did = True
+        return did
+
+    def _on_output(self, out: RequestOutput) -> None:
+        p = self.pushes.get(out.rid)
+        if p is None:
+            return super()._on_output(out)
+        if out.finish_reason is not FinishReason.PREFILLED or not out.new_token_ids:
+            # the first token ended the request here (EOS, max_new_tokens=1): nothing is held
+            self._fail(out.rid, f"prefill ended without holding the cache ({out.finish_reason})")
+            return
+        try:
+            target = self.engine.export_target(out.rid)
+            lp = out.logprobs[0].logprob if out.logprobs else float("nan")
+            self.aux[target.state_slot] = self.aux.new_tensor(
+                [out.new_token_ids[0], lp, target.prefix_len, p.msg.prompt_len])
+            copies = row_copies(self.regions, self.page_size, self.kpool, list(target.pages),
+                                target.state_slot, target.state_slot, p.msg)
+            p.first = out
+            if self.aux.is_cuda:  # NIXL reads GPU memory outside torch's stream order
+                torch.cuda.synchronize(self.aux.device)
+            p.write = self.agent.write(p.peer.agent_name, copies, p.peer.regions,
+                                       notif(p.msg.room, OK, 0))
+            self.timeline.add(out.rid, "write_posted", room=p.msg.room, bytes=p.write.nbytes,
+                              descs=p.write.num_descs)
+        except (TransferError, KeyError, ValueError) as e:
+            self._fail(out.rid, f"cannot push the cache: {e}")
+
+    def _done(self, rid: str, p: _Push) -> None:
+        self.pushes.pop(rid)
+        self.engine.release_held(rid)
+        self.engine.forget(rid)
+        self.bytes_sent += p.write.nbytes
+        self.timeline.add(rid, "write_done", room=p.msg.room, bytes=p.write.nbytes)
+        box = self.outboxes.get(rid)
+        if box is not None:
+            box.push({"pd_transfer": {"bytes": p.write.nbytes}})
+            # the router's answer from prefill: the first token, then "length" (decode goes on)
+            box.push(dataclasses.replace(p.first, finish_reason=FinishReason.LENGTH))
+
+    def _fail(self, rid: str, reason: str, notify: bool = True) -> None:
+        p = self.pushes.pop(rid, None)
+        self._drop(rid)  # frees a running or a held request alike
+        if p is None:
+            return
+        self.timeline.add(rid, "transfer_failed", room=p.msg.room, reason=reason)
+        if notify:
+            with contextlib.suppress(Exception):  # decode may be gone: its timeout covers it
+                self.agent.send_notif(p.peer.agent_name, notif(p.msg.room, FAIL, reason))
+        box = self.outboxes.get(rid)
+        if box is not None:
+            box.push(ServeError(f"prefill of room {p.msg.room} failed: {reason}", status=500))
+
+    def _forget(self, rid: str, abort: bool) -> None:
+        if abort:
+            self.thread.post(lambda: self._fail(rid, "the request was aborted")
+                             if rid in self.pushes else None)
+        super()._forget(rid, abort)
+
+    # asyncio side ------------------------------------------------------------------------
+    async def open(self, req: GenRequest, ids: list[int], meta: dict) -> Records:
+        self._check_alive()
+        b = req.bootstrap
+        if b is None:
+            raise ServeError("a prefill worker serves requests from the router only (no "
+                             "bootstrap_room in the request)", status=400)
+        self.timeline.add(req.rid, "waiting_room", room=b.room, prompt_len=len(ids))
+        try:
+            msg = await self.rooms.wait(b.room, self.wc.transfer.bootstrap_timeout_s)
+        except TimeoutError as e:
+            raise ServeError(str(e), status=504) from e
+        except ConnectionAbortedError as e:
+            raise ServeError(str(e), status=409) from e
+        peer = self.peers.get(msg.decode_agent)
+        problem = None
+        if peer is None:
+            problem = f"decode agent {msg.decode_agent!r} never registered"
+        elif msg.prompt_len != len(ids) or msg.prompt_hash != prompt_hash(ids):
+            problem = (f"decode tokenized the prompt differently ({msg.prompt_len} tokens, "
+                       f"here {len(ids)})")
+        if problem:
+            await self._tell_decode(peer, msg.room, problem)
+            raise ServeError(f"room {msg.room}: {problem}", status=500)
+        box = await self._register(req.rid)
+        self.timeline.add(req.rid, "room_received", room=msg.room,
+                          decode_prefix_len=msg.decode_prefix_len, pages=len(msg.dst_pages))
+
+        def start():
+            self.engine.add_request(ids, req.params, rid=req.rid, hold_after_prefill=True)
+            self.pushes[req.rid] = _Push(msg, peer)
+
+        try:
+            await self.thread.call(start)
+        except BaseException as e:  # decode admitted what this engine refuses (configs differ)
+            super()._forget(req.rid, abort=False)
+            await self._tell_decode(peer, msg.room, f"prefill refused the request: {e}")
+            raise
+        return self._records(req.rid, box, meta)
+
+    async def _tell_decode(self, peer: PeerInfo | None, room: int, problem: str) -> None:
+        if peer is not None:
+            await self.thread.call(lambda: self.agent.send_notif(
+                peer.agent_name, notif(room, FAIL, problem)))
+
+    def stats(self) -> dict[str, float]:
+        return {**super().stats(), "transfers_in_flight": len(self.pushes),
+                "transfer_bytes_sent": self.bytes_sent}
