@@ -17,6 +17,8 @@ COMMANDS = {
     "serve": "glmlab.commands.serve",
     "budget": "glmlab.commands.budget",
     "dist": "glmlab.distributed.cli",
+    "train": "glmlab.commands.train",
+    "eval": "glmlab.commands.eval",
 }
 # Commands whose module could not be imported for a missing extra: name -> the error to show.
 MISSING: dict[str, Exception] = {}

@@ -30,13 +30,22 @@ def preset_checkpoint(name: str, seed: int = 0, fp8: bool = False) -> Path:
     return out
 
 
+# ``small`` is trained, not drawn: its checkpoint is committed (glmlab train wrote it).
+SMALL_CHECKPOINT = Path(__file__).resolve().parents[2] / "data" / "checkpoints" / "small"
+
+
 def resolve_model(spec: str) -> Path:
-    """A checkpoint directory, or a preset name (``tiny``, ``slice:N``) written on demand."""
+    """A checkpoint directory, a preset name (``tiny``, ``slice:N``) written on demand, or
+    ``small`` (the committed trained checkpoint)."""
     path = Path(spec)
     if path.is_dir():
         return path
     if spec == "tiny" or spec.startswith("slice"):
         return preset_checkpoint(spec)
+    if spec == "small":
+        if not (SMALL_CHECKPOINT / "config.json").is_file():
+            raise FileNotFoundError(f"no trained small checkpoint at {SMALL_CHECKPOINT}")
+        return SMALL_CHECKPOINT
     raise FileNotFoundError(
-        f"{spec} is neither a checkpoint directory nor a preset (tiny, slice:N)"
+        f"{spec} is neither a checkpoint directory nor a preset (tiny, small, slice:N)"
     )
