@@ -39,3 +39,31 @@ def test_kernels_compile_for_sm90():
             assert r["e4m3"], name  # the E4M3 path was compiled (not a bf16 fallback)
     assert results["up:M64N128K128G32w4s3"]["wgmma"]
     assert results["down:M128N256K128G16w8s3"]["wgmma"]
+
+
+_GROUPED = """
+import json
+from glmlab.kernels.moe import aot
+from glmlab.kernels.moe.fused_grouped import DECODE, PREFILL
+out = []
+for (up, down) in (DECODE, PREFILL):
+    for kind, cfg in (("up", up), ("down", down)):
+        c = aot.compile_grouped(cfg, kind)
+        out.append(dict(name=f"{kind}:{cfg.short()}", shared=c.shared, **aot.resource_usage(c)))
+print(json.dumps(out))
+"""
+
+
+def test_grouped_kernels_compile_to_fp8_wgmma_with_tma():
+    """The persistent grouped kernel (decode and prefill tiles): QGMMA (FP8 wgmma) fed by TMA
+    loads (UTMALDG) in SASS, within shared memory; the decode tiles and the prefill down tile
+    do not spill (the prefill gate_up tile's two 128x128 accumulators spill a few registers)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _GROUPED], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for r in results:
+        assert r["qgmma"] > 0 and r["utmaldg"] > 0 and r["shared"] <= 232448, r
+    spills = {r["name"]: r["spill_stores"] for r in results}
+    assert [n for n, s in spills.items() if s] in ([], ["up:M128N128G8w8s3c1T"]), spills
