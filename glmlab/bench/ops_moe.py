@@ -307,16 +307,17 @@ def run(argv: list[str]) -> list[dict]:
     args = _args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("the MoE benchmark needs a CUDA device")
+    from glmlab.bench.ops import machine
+
     rows: list[dict] = []
     stream = Path(args.stream) if args.stream else None
+    meta = [machine()]  # provenance (nvidia-smi, git): once per case, not once per row
 
     def emit(row: dict) -> None:
         rows.append(row)
         if stream is not None:
-            from glmlab.bench.ops import machine
-
             with stream.open("a") as f:
-                f.write(json.dumps({**machine(), **row}) + "\n")
+                f.write(json.dumps({**meta[0], **row}) + "\n")
         if "us" in row or "error" in row or "relerr_vs_w8a8_ref" in row:
             print({k: row.get(k) for k in ("op", "E", "M", "proj", "variant", "config", "us",
                                            "tflops", "frac_fp8", "frac_hbm",
@@ -358,6 +359,7 @@ def run(argv: list[str]) -> list[dict]:
             if args.time_budget and time.monotonic() - started > args.time_budget:
                 emit({"op": "skipped", "E": e, "M": m, "reason": "time budget"})
                 continue
+            meta[0] = machine()
             c = Case(p, _route(m, e, samples, seed=m), m, ceil, timer, emit)
             default = choose_grouped(m, e, p.shape.top_k)
             for i, proj in enumerate(("up", "down")):
