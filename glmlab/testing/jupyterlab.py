@@ -125,8 +125,10 @@ def _environ() -> dict[str, str]:
 
 
 def launch_chromium(playwright, executable: str, user_data_dir: Path, width: int = 1280,
-                    height: int = 1000):
-    """A persistent headless Chromium context on a fresh profile folder."""
+                    height: int = 1600):
+    """A persistent headless Chromium context on a fresh profile folder. 1280 px wide with the
+    file browser open leaves outputs about 850 px; the height only decides how much of a tall
+    output one screenshot holds."""
     return playwright.chromium.launch_persistent_context(
         str(user_data_dir), executable_path=executable, headless=True, args=list(CHROMIUM_ARGS),
         viewport={"width": width, "height": height}, device_scale_factor=1)

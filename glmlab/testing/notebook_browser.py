@@ -172,7 +172,7 @@ def problems(r: NotebookReport) -> list[str]:
     out += [f"cell {w['cell']}: widget shows {w['text']!r}" for w in p.get("widget_text", [])]
     out += [f"cell {w['cell']}: not rendered: {w['what']}" for w in p.get("unrendered", [])]
     out += [f"cell {o['cell']}: output {o['px']} px wider than its {o['width']} px area "
-            f"({o['mime'] or 'widget'})" for o in p.get("overflow", [])]
+            f"({o['mime'] or 'widget'}, {o.get('what', '')})" for o in p.get("overflow", [])]
     out += [f"cell {w['cell']}: printed text breaks inside a word or number {w['breaks']} "
             f"times, e.g. {w['at']}" for w in p.get("wrapped", [])]
     out += [f"cell {t['cell']}: Markdown table printed as text: {t['line']!r}"

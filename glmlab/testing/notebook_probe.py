@@ -86,14 +86,17 @@ for (const o of topOutputs()) {
     out.unrendered.push({cell, what: 'plotly figure'});
   // wider than the area: scrolling inside it, or a child sticking out of it
   const right = R(o).right;
-  let stick = 0;
+  let stick = 0, what = '';
   for (const d of o.querySelectorAll('*')) {
     const r = R(d);
-    if (r.width > 0 && r.height > 0 && getComputedStyle(d).visibility !== 'hidden')
-      stick = Math.max(stick, r.right - right);
+    if (r.width > 0 && r.height > 0 && getComputedStyle(d).visibility !== 'hidden' &&
+        r.right - right > stick) {
+      stick = r.right - right;
+      what = d.tagName.toLowerCase() + '.' + [...d.classList].slice(0, 3).join('.');
+    }
   }
   const wide = Math.max(o.scrollWidth - o.clientWidth, stick);
-  if (wide > 1) out.overflow.push({cell, mime, px: Math.round(wide), width: o.clientWidth});
+  if (wide > 1) out.overflow.push({cell, mime, px: Math.round(wide), width: o.clientWidth, what});
   // printed text: lines broken inside a word or number, pipe tables
   for (const pre of o.querySelectorAll('pre, .glmlab-lines > div')) {
     const lines = pre.textContent.split('\n').filter((l) => l.trim());

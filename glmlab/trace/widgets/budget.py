@@ -15,8 +15,8 @@ import torch
 from IPython.display import HTML, display
 from plotly.subplots import make_subplots
 
+from glmlab.cache import budget_report
 from glmlab.cache.budget import GIB, Budget, BudgetError, BudgetInputs, plan_budget
-from glmlab.cache.budget_report import budget_rows, seed_comparison_rows
 from glmlab.cache.footprint import CacheFootprint
 from glmlab.cache.storage import CacheDtypes
 from glmlab.presets import preset_config
@@ -29,7 +29,7 @@ VERIFY_WIDTH = 8  # the speculative slots' ReplaySSM ring covers one verify wind
 
 
 def seed_comparison() -> HTML:
-    return table(seed_comparison_rows(), [
+    return table(budget_report.seed_comparison_rows(), [
         ("config", "config"), ("pool", "pool"), ("seed", "seed GiB"), ("glmlab", "glmlab GiB"),
         ("max_running", "max running requests")], caption="Per GPU, TP4 decode: seed vs glmlab")
 
@@ -37,7 +37,7 @@ def seed_comparison() -> HTML:
 def budget_view(b: Budget) -> HTML:
     """One budget as two tables: where the pool bytes go, and every cap on running requests."""
     x, s = b.inputs, b.inputs.footprint
-    pools = budget_rows(b) + [{"pool": "total", "per_unit": "", "units": "",
+    pools = budget_report.budget_rows(b) + [{"pool": "total", "per_unit": "", "units": "",
                                "gib": b.pool_bytes / GIB}]
     binding = " = ".join(c.kind for c in b.binding)
     head = (f"memory budget{' (' + x.label + ')' if x.label else ''}: {s.formats}; "
@@ -55,7 +55,7 @@ def budget_view(b: Budget) -> HTML:
 def budget_figure(b: Budget, title: str = "") -> go.Figure:
     """Where the pool bytes go (stacked bar, GiB) and the caps on running requests (log bars)."""
     fig = make_subplots(rows=2, cols=1, row_heights=[0.35, 0.65], vertical_spacing=0.22)
-    for r in (r for r in budget_rows(b) if r["gib"] > 0):
+    for r in (r for r in budget_report.budget_rows(b) if r["gib"] > 0):
         fig.add_trace(go.Bar(name=r["pool"], y=["pools"], x=[r["gib"]], orientation="h",
                              hovertemplate=f"{r['pool']}: %{{x:.2f}} GiB<extra></extra>"),
                       row=1, col=1)

@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from IPython.display import HTML
 
 OUTPUT_PX = 840
-LABEL_PX = 170  # control descriptions with their unit fit in one line
+LABEL_PX = 150  # control descriptions with their unit fit in one line
 
 _TABLE_CSS = """<style>
 .glmlab-table {table-layout: auto; margin: 0.2em 0 0.8em 0; font-size: 12px;}
