@@ -33,7 +33,7 @@ print('workers ok:', warm(12, 2048, (8192, 1024, 64, 8, 1), (288, 72), 70))
 
 stamp gpu-tests
 timeout 75 python3 -m pytest -q -m gpu -p no:cacheprovider -rA \
-  tests/kernels/moe/test_moe_grouped_gpu.py tests/kernels/moe/test_moe_gpu.py \
+  tests/kernels/moe/test_moe_gpu.py tests/kernels/moe/test_moe_grouped_gpu.py \
   > "$OUT/pytest_gpu.txt" 2>&1
 tail -25 "$OUT/pytest_gpu.txt"
 

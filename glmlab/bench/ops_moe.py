@@ -46,6 +46,7 @@ from glmlab.kernels.moe.fused_grouped import (
     PREFILL,
     choose_grouped,
     fused_moe_grouped,
+    up_config_for,
 )
 from glmlab.kernels.moe.fused_moe import device_name, fused_moe
 from glmlab.kernels.moe.gemm_triton import moe_gemm_down, moe_gemm_up
@@ -117,7 +118,7 @@ class Case:
     def h8(self, bm: int):
         """Real down-GEMM inputs (E4M3 activations in aligned order) for block_m ``bm``."""
         if bm not in self._h8:
-            cfg = GroupedConfig(bm, 128, 8, 8 if bm >= 64 else 4, 3, swap_ab=bm < 64)
+            cfg = up_config_for(bm)
             self._h8[bm] = grouped_up(self.xq, self.xs, self.p.w13, self.p.w13_scale,
                                       self.align(bm), cfg, self.p.limit)
         return self._h8[bm]

@@ -22,7 +22,8 @@ from glmlab.kernels.moe.samples import (
     uniform_routes,
 )
 
-# The seed post's M1024 tuning (docs/reference-numbers.md section 1): 11,112 -> 11,459 output tok/s (+3.12%).
+# The seed post's M1024 tuning (docs/reference-numbers.md section 1): 11,112 -> 11,459 output
+# tok/s (+3.12%).
 SEED_M1024 = {"before_tok_s": 11112, "after_tok_s": 11459, "gain": 0.0312,
               "conditions": "4xH200 TP4/EP4 (E=72 per rank), DFlash2 block8, ~128 requests, "
                             "end-to-end output throughput"}

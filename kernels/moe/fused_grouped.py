@@ -42,6 +42,11 @@ GROUPED_CANDIDATES = {
 }
 
 
+def up_config_for(block_m: int) -> GroupedConfig:
+    """A gate_up config of the candidates for a given block_m (benchmarks make down inputs)."""
+    return {16: DECODE[0], 32: SMALL[0], 64: MEDIUM[0]}.get(block_m, G(block_m, 128, 8, 8, 3))
+
+
 def choose_grouped(num_tokens: int, num_experts: int, top_k: int
                    ) -> tuple[GroupedConfig, GroupedConfig]:
     """Untuned (up, down) configs for ``num_tokens`` tokens over ``num_experts`` local experts.

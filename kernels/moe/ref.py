@@ -3,8 +3,8 @@
 Shapes (kernels/README.md): T tokens, D hidden, I expert intermediate, E experts, A active experts
 per token.
 
-Routing (docs/model.md section 2.6): fp32 sigmoid scores; the correction bias steers *selection only*;
-the chosen scores are renormalised and multiplied by the routed scaling factor (2.5).
+Routing (docs/model.md section 2.6): fp32 sigmoid scores; the correction bias steers *selection
+only*; the chosen scores are renormalised and multiplied by the routed scaling factor (2.5).
 """
 
 from __future__ import annotations

@@ -52,6 +52,7 @@ def _run_share(share: int, count: int, intermediate: int, tokens, experts) -> No
     from glmlab.kernels.fp8.quant_triton import quant_act_fp8_triton
     from glmlab.kernels.moe import peers
     from glmlab.kernels.moe.configs import MoEShape
+    from glmlab.kernels.moe.fused_grouped import up_config_for
     from glmlab.kernels.moe.fused_moe import fused_moe
     from glmlab.kernels.moe.grouped_triton import grouped_down, grouped_up
     from glmlab.kernels.moe.permute_triton import gather_quant
@@ -72,7 +73,8 @@ def _run_share(share: int, count: int, intermediate: int, tokens, experts) -> No
                 a, a_s = (xq, xs) if cfg.gather_a else gather_quant(x, al)
                 h8, hs = grouped_up(a if proj == "up" else xq, a_s if proj == "up" else xs,
                                     p.w13, p.w13_scale, al,
-                                    cfg if proj == "up" else _up_for(cfg), p.limit)
+                                    cfg if proj == "up" else up_config_for(cfg.block_m),
+                                    p.limit)
                 if proj == "down":
                     grouped_down(h8, hs, p.w2, p.w2_scale, w, al, cfg, torch.bfloat16)
             elif task[0] == "previous":
@@ -95,13 +97,6 @@ def _run_share(share: int, count: int, intermediate: int, tokens, experts) -> No
             torch.cuda.synchronize()
         except Exception as exc:  # reported; the benchmark records its own error later
             print(f"warm: {task[0]} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
-
-
-def _up_for(down_cfg):
-    from glmlab.kernels.moe.grouped_triton import GroupedConfig
-
-    bm = down_cfg.block_m
-    return GroupedConfig(bm, 128, 8, 8 if bm >= 64 else 4, 3, swap_ab=bm < 64)
 
 
 def warm(jobs: int, intermediate: int, tokens: tuple[int, ...], experts: tuple[int, ...],
