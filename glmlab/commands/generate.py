@@ -57,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     spec = llm.engine.spec.summary() if llm.engine.spec else None
     if args.json:
         extra = {"speculative": spec} if spec else {}
+        if spec:  # the stable interface: cycles and mean tokens committed per cycle (measured)
+            extra["spec"] = {"cycles": spec["cycles"], "accepted_per_cycle": spec.get(
+                "accept_len", 0.0)}
         print(json.dumps({"output_ids": out.output_ids, "text": out.text, **extra}))
     else:
         print(out.text)
