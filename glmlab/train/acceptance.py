@@ -26,12 +26,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from glmlab.bench.ops import write_rows
+from glmlab.bench.routing import capture_routing
 from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.core import SamplingParams
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
 from glmlab.engine.model_runner import load_model_for
-from glmlab.kernels.moe.samples import RoutingSamples, capture_routing
+from glmlab.kernels.moe.samples import RoutingSamples
 from glmlab.speculative.config import SpecConfig
 from glmlab.tokenizer import Tokenizer
 from glmlab.train.corpus import read_text, split_files
