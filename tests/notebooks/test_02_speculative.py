@@ -3,7 +3,8 @@ from glmlab.testing.notebooks import run_notebook
 
 def test_speculative_notebook_runs():
     nb = run_notebook("02_speculative.ipynb")
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/html", ""))
+                   for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert text.count("lossless: True") == 5, text
     assert "oracle-W8: lossless: True" in text and "acceptance length 8.00" in text
     assert "MTP718 [simulated accept" in text and "DFlash2-B8 draft-kv" in text

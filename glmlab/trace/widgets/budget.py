@@ -29,9 +29,10 @@ VERIFY_WIDTH = 8  # the speculative slots' ReplaySSM ring covers one verify wind
 
 
 def seed_comparison() -> HTML:
-    return table(budget_report.seed_comparison_rows(), [
-        ("config", "config"), ("pool", "pool"), ("seed", "seed GiB"), ("glmlab", "glmlab GiB"),
-        ("max_running", "max running requests")], caption="Per GPU, TP4 decode: seed vs glmlab")
+    return table(budget_report.reference_comparison_rows(), [
+        ("config", "config"), ("pool", "pool"), ("reference", "published GiB"),
+        ("glmlab", "glmlab GiB (derived)"), ("max_running", "max running requests")],
+        caption="Per GPU, TP4 decode: the reference deployment vs glmlab's derivation")
 
 
 def budget_view(b: Budget) -> HTML:
@@ -79,9 +80,10 @@ class BudgetExplorer:
     def __init__(self, model: str = "full", base: BudgetInputs | None = None):
         self.cfg = preset_config(model)
         self.base = base
-        wide, buttons = control_layout(), {**control_layout(), "style": {
-            "description_width": control_layout()["style"]["description_width"],
-            "button_width": "64px"}}
+        # NOTE: width "auto" lets each control fill its grid cell; "100%" adds the widget's
+        # own margins on top and sticks out of the output area
+        wide = control_layout("auto")
+        buttons = {**wide, "style": {**wide["style"], "button_width": "64px"}}
         tokens = {"readout_format": ",", **wide}
         c = {
             "context_len": W.IntSlider(66_560, min=4_096, max=1_048_576, step=1_024,
@@ -96,8 +98,9 @@ class BudgetExplorer:
                                   **buttons),
             "pool_gib": W.FloatSlider(33.33, min=1.0, max=120.0, step=0.01, readout_format=".2f",
                                       description="pool budget (GiB/GPU)", **wide),
-            "max_running_requests": W.IntSlider(132, min=1, max=1024, description="requested "
-                                                "running (req)", **tokens),
+            "max_running_requests": W.IntSlider(132, min=1, max=1024,
+                                                description="running (requests)",
+                                                **tokens),
             "slots_per_request": W.IntSlider(1, min=1, max=4, description="state slots / request",
                                              **wide),
             "extra_slots": W.IntSlider(6, min=0, max=64, description="in flight (slots)",

@@ -97,7 +97,10 @@ def cost_table(rows: list[dict]) -> HTML:
                         ("ms_per_token", "ms per accepted token"), ("accept_len", "accept length"),
                         ("cycle_ms", "cycle ms"), ("draft_ms", "draft ms"),
                         ("verify_ms", "verify ms"), ("rest_ms", "rest ms")],
-                 caption="Cycle cost model, ours beside the seed's")
+                 caption="Cycle cost model, ours beside the seed's",
+                 formats={"ms_per_token": "{:.2f}".format, "accept_len": "{:.2f}".format,
+                          **{k: "{:.3f}".format for k in ("cycle_ms", "draft_ms", "verify_ms",
+                                                          "rest_ms")}})
 
 
 def cycle_explorer(rows: list[dict]) -> W.VBox:
