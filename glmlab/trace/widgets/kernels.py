@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from IPython.display import HTML
 
 from glmlab.trace.widgets.layout import FigureSwitch, finish, fmt, table, tile_config
+from glmlab.trace.widgets.layout import lines as lines  # re-exported for the notebooks
 
 MACHINE_KEYS = ("gpu", "torch", "triton", "cuda", "date")
 
