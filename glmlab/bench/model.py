@@ -14,8 +14,9 @@ import time
 
 import torch
 
-from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.presets_dir import resolve_model
+from glmlab.engine.config import EngineConfig
+from glmlab.engine.model_runner import load_model_for
 from glmlab.model.backends import Backends
 from glmlab.model.session import Session
 from glmlab.testing.parity import prompt_ids
@@ -52,7 +53,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def run(argv: list[str]) -> list[dict]:
     args = _parse(argv)
     path = resolve_model(args.model)
-    model = load_model(path, dtype=_DTYPES[args.dtype], device=args.device)
+    model = load_model_for(path, EngineConfig(device=args.device, dtype=args.dtype))
     lens = [int(x) for x in args.prefill_lens.split(",")]
     batches = [int(x) for x in args.decode_batches.split(",")]
     rows, reference = [], {}

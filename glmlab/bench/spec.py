@@ -28,12 +28,13 @@ import torch
 
 from glmlab import presets
 from glmlab.bench.ops import machine, write_rows
-from glmlab.checkpoint import load_model
 from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.checkpoint.writer import init_random_
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.config import ModelConfig
 from glmlab.core import SamplingParams
+from glmlab.engine.config import EngineConfig
+from glmlab.engine.model_runner import load_model_for
 from glmlab.model.backends import Backends
 from glmlab.model.glm import GLM5Model
 from glmlab.model.session import Session
@@ -55,11 +56,10 @@ def build_target(preset: str, device: str, dtype: torch.dtype, seed: int = 0,
     """A checkpoint directory, or a preset: checkpoint = the preset's cached checkpoint through
     the real loader; random = weights drawn on the device. ``auto`` picks checkpoint for tiny,
     random for real widths. ``fp8``: how block-FP8 checkpoint weights load (dequantize | keep)."""
-    if Path(preset).is_dir():
-        return load_model(preset, dtype=dtype, device=device, fp8=fp8)
-    if init == "checkpoint" or (init == "auto" and preset == "tiny"):
-        return load_model(preset_checkpoint(preset, seed=seed), dtype=dtype, device=device,
-                          fp8=fp8)
+    if Path(preset).is_dir() or init == "checkpoint" or (init == "auto" and preset == "tiny"):
+        path = preset if Path(preset).is_dir() else preset_checkpoint(preset, seed=seed)
+        name = {torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+        return load_model_for(path, EngineConfig(device=device, dtype=name, fp8_weights=fp8))
     cfg = ModelConfig.from_hf(presets.preset(preset))
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)  # build straight in the run dtype: no fp32 copy of the experts

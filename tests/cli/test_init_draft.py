@@ -10,7 +10,7 @@ import torch
 from glmlab.checkpoint.loader import load_model
 from glmlab.cli import main
 from glmlab.config import ModelConfig
-from glmlab.engine.sampler import SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.model.session import Session
 from glmlab.speculative.dflash_io import MASK_TOKEN, load_draft
 from glmlab.tokenizer import Tokenizer
