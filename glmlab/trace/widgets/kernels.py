@@ -116,7 +116,7 @@ def sparse_mla_figures(results: list[dict]) -> tuple[go.Figure, go.Figure]:
         ceiling = mla[0]["ceiling_bf16_tflops"]
         rate_fig.add_hline(y=ceiling, line_dash="dot",
                            annotation_text=f"bf16 matmul, same run: {ceiling:.0f} TFLOP/s",
-                           annotation_position="bottom right")
+                           annotation_position="bottom left")
     case = "case (M query rows, H heads, KV layout, g heads per CTA)"
     for fig in (time_fig, rate_fig):
         fig.update_layout(barmode="group", xaxis_tickangle=-60)
