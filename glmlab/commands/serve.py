@@ -98,25 +98,33 @@ def check_options(cfg: ServeConfig, options: dict[Role, dict]) -> None:
 
 
 def how_to_query(svc: Service) -> str:
-    cfg, url = svc.cfg, svc.url
-    lines = [f"glmlab serve: {svc.served_model_name} ({svc.model_dir}) ready at {url}",
+    cfg = svc.cfg
+    workers = cfg.launched_here()
+    # without the router a mixed worker is queried directly; PD requests need the router to pair
+    url = svc.url if cfg.launch_router else workers[0].url
+    lines = [f"glmlab serve: {svc.served_model_name} ({svc.model_dir}) ready at {url}"
+             if cfg.launch_router or cfg.mode is Mode.MIXED else
+             f"glmlab serve: {svc.served_model_name} ({svc.model_dir}) workers ready (no router: "
+             "a PD request goes to a prefill and a decode worker with one bootstrap_room)",
              f"  router    {url}  (sglang-router, {'PD' if cfg.mode is Mode.PD else 'regular'} "
              f"mode, policy {cfg.router_policy})" if cfg.launch_router else "  (no router)"]
-    for s in cfg.launched_here():
+    for s in workers:
         extra = f"  bootstrap {s.bootstrap_port}" if s.bootstrap_port else ""
         lines.append(f"  {s.name:<9} {s.url}  {s.device}{extra}")
     gen = json.dumps({"text": "Hello, GLM", "sampling_params": {"max_new_tokens": 16,
                                                                 "temperature": 0}})
     chat = json.dumps({"model": svc.served_model_name, "max_tokens": 16,
                        "messages": [{"role": "user", "content": "Hello"}]})
-    lines += ["Query it:",
-              f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{gen}'",
-              f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
-              f"-d '{chat}'",
-              f"  curl -s {cfg.launched_here()[0].url}/server_info   (what a worker runs)",
-              f"  glmlab bench --port {cfg.port} --dataset-name generated-shared-prefix "
-              f"--gsp-prompts-per-group 16 --max-concurrency 8",
-              f"Logs: {svc.log_dir}   Ctrl-C stops the service."]
+    lines.append("Query it:")
+    if cfg.launch_router or cfg.mode is Mode.MIXED:
+        lines += [f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{gen}'",
+                  f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
+                  f"-d '{chat}'"]
+    lines.append(f"  curl -s {workers[0].url}/server_info   (what a worker runs)")
+    if cfg.launch_router:
+        lines.append(f"  glmlab bench --port {cfg.port} --dataset-name generated-shared-prefix "
+                     f"--gsp-prompts-per-group 16 --max-concurrency 8")
+    lines.append(f"Logs: {svc.log_dir}   Ctrl-C stops the service.")
     return "\n".join(lines)
 
 
