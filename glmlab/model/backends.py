@@ -13,6 +13,21 @@ Op signatures (shape letters as in kernels/README.md):
   sparse_mla(q, cache, layer, slot_indices, scale) -> [T, H, R] fp32
       q [T, H, R] absorbed queries; slot_indices [T, W] token slots into the layer's latent cache.
   moe_experts(x, ids, weights, experts) -> [T, D]        routed experts only (no shared expert)
+  linear_fp8(x, linear, residual=None, x_scale=None) -> [T, N]   a Linear with block-FP8 weights
+      (torch: dequantise + matmul; triton: the block-FP8 GEMM, activations quantised per token
+      per 128 channels); ``residual`` is added after the product is rounded.
+  rmsnorm(x, norm, residual=None) -> (h, s)       s = x (+ residual), h = norm(s)
+  mhc -> an object with three methods (one mHC site, docs/model.md section 2.2):
+      mix(x, hc, pending) -> (x', pre, post, comb)   the pending (y, post, comb) write-back of the
+          previous site applied to the streams x [T, N, D] (if any), then hc's coefficients of x';
+      collapse_norm(x, pre, norm) -> h [T, D]         norm(sum_i pre_i x_i);
+      expand(x, pending) -> x'                        the write-back alone (the last site).
+  router(h, router) -> (weights [T, A] fp32, ids [T, A])
+  kda_step(layer, h, plan, cache) -> [T, P]   a KDA layer between its input and o_proj
+      (torch: the layer's per-sequence path; triton: fused prep + in-place window + gated norm
+      on uniform steps (decode, verify), the torch path otherwise)
+  dsa_index(layer, h, q_lat, plan, cache) -> [T, W]   token slots each query attends to, -1 padded
+      (torch: per-sequence pool update + selection; triton: the paged indexer on uniform steps)
 """
 
 from __future__ import annotations
@@ -60,12 +75,43 @@ KDA_PREFILL.add("fla", "glmlab.kernels.kda.fla_backend:kda_prefill_fla")
 KDA_DECODE.add("fla", "glmlab.kernels.kda.fla_backend:kda_decode_fla")
 MOE_EXPERTS.add("triton", "glmlab.kernels.moe.fused_moe:moe_experts_triton")
 
+LINEAR_FP8 = Registry("linear_fp8")
+RMSNORM = Registry("rmsnorm")
+MHC = Registry("mhc")
+ROUTER = Registry("router")
+KDA_STEP = Registry("kda_step")
+DSA_INDEX = Registry("dsa_index")
+for _reg, _name in ((LINEAR_FP8, "linear_fp8"), (RMSNORM, "rmsnorm"), (MHC, "mhc"),
+                    (ROUTER, "router"), (KDA_STEP, "kda_step"), (DSA_INDEX, "dsa_index")):
+    _reg.add("torch", f"glmlab.model.torch_ops:{_name}")
+    _reg.add("triton", f"glmlab.model.fast_ops:{_name}")
+
 
 @dataclass(frozen=True)
 class Backends:
     kda: str = "torch"
     sparse_mla: str = "torch"
     moe: str = "torch"
+    linear_fp8: str = "torch"
+    norm: str = "torch"
+    mhc: str = "torch"
+    router: str = "torch"
+    kda_step: str = "torch"
+    dsa_index: str = "torch"
+
+    @classmethod
+    def fast(cls) -> Backends:
+        """Every op on its GPU kernel: what a decode step without host overhead runs."""
+        return cls(kda="fla", sparse_mla="tilelang", moe="triton", linear_fp8="triton",
+                   norm="triton", mhc="triton", router="triton", kda_step="triton",
+                   dsa_index="triton")
+
+    @classmethod
+    def triton(cls) -> Backends:
+        """Every op that has a Triton kernel on it, the rest on torch: what the CPU interpreter
+        can run (tests)."""
+        return cls(moe="triton", linear_fp8="triton", norm="triton", mhc="triton",
+                   router="triton", kda_step="triton", dsa_index="triton")
 
     def resolve(self) -> dict[str, Callable]:
         return {
@@ -73,6 +119,12 @@ class Backends:
             "kda_decode": KDA_DECODE.get(self.kda),
             "sparse_mla": SPARSE_MLA.get(self.sparse_mla),
             "moe_experts": MOE_EXPERTS.get(self.moe),
+            "linear_fp8": LINEAR_FP8.get(self.linear_fp8),
+            "rmsnorm": RMSNORM.get(self.norm),
+            "mhc": MHC.get(self.mhc),
+            "router": ROUTER.get(self.router),
+            "kda_step": KDA_STEP.get(self.kda_step),
+            "dsa_index": DSA_INDEX.get(self.dsa_index),
         }
 
     def describe(self) -> str:

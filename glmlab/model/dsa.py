@@ -12,6 +12,8 @@ arrives (so a pool key is computed once and cached); the incomplete pool's rows 
 request's tail state. Queries score pools (kernels/dsa/ref.py), keep the top ``index_topk/kpool``
 and the tail. When a sequence is no longer than ``index_topk`` every pool is kept, so selection is
 exactly causal attention and scoring is skipped (the same set, computed without the scores).
+Pool updates and selection are the ``dsa_index`` backend op: ``reference_index`` here (per
+sequence), or on the triton backend the paged uniform-step indexer of ``glmlab.model.dsa_fast``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from glmlab.cache.storage import ModelCache
 from glmlab.config import ModelConfig
 from glmlab.kernels.dsa.ref import indexer_scores_ref, pool_keys_ref, select_ref
 from glmlab.model import torch_ops
-from glmlab.model.layers import Linear, RMSNorm
+from glmlab.model.layers import Linear, RMSNorm, merge_linears
 from glmlab.model.plan import ForwardPlan
 
 
@@ -39,15 +41,35 @@ class Indexer(nn.Module):
         self.index_kpool_compress_gate = nn.Parameter(
             torch.empty(d.index_head_dim, cfg.hidden_size))
         self.index_kpool_compress_ape = nn.Parameter(torch.empty(d.index_kpool, d.index_head_dim))
+        self.h_proj = None  # wk | gate | weights_proj as one GEMM, set by fuse_projections
 
     def project(self, h: torch.Tensor, q_lat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Per token: queries [T, HI, DI], keys [T, DI], gate logits [T, DI], weights [T, HI]."""
         d = self.cfg
         q = self.wq_b(q_lat).unflatten(-1, (d.index_n_heads, d.index_head_dim))
-        k = self.k_norm(self.wk(h))
-        gate = h @ self.index_kpool_compress_gate.to(h.dtype).t()
-        w = self.weights_proj(h).float() * d.index_n_heads**-0.5
-        return q, k, gate, w
+        if self.h_proj is not None:
+            k, gate, w = self.h_proj(h).split([d.index_head_dim, d.index_head_dim,
+                                               d.index_n_heads], dim=-1)
+            k = self.k_norm(k)
+        else:
+            k = self.k_norm(self.wk(h))
+            gate = h @ self.index_kpool_compress_gate.to(h.dtype).t()
+            w = self.weights_proj(h)
+        return q, k, gate, w.float() * d.index_n_heads**-0.5
+
+    def fuse_projections(self) -> None:
+        """wk | compress gate | weights_proj (all read h) as one GEMM, when their dtypes agree."""
+        if self.h_proj is not None or self.wk.is_fp8 or self.weights_proj.is_fp8:
+            return
+        gate = self.index_kpool_compress_gate
+        if gate.dtype != self.wk.weight.dtype:
+            return
+        as_linear = Linear(gate.shape[1], gate.shape[0])
+        as_linear.weight = nn.Parameter(gate.data, requires_grad=False)
+        merged = merge_linears([self.wk, as_linear, self.weights_proj])
+        if merged is not None:
+            self.index_kpool_compress_gate = as_linear.weight  # a view of the merged weight
+            self.__dict__["h_proj"] = merged
 
 
 class DSAttention(nn.Module):
@@ -64,6 +86,9 @@ class DSAttention(nn.Module):
         self.o_proj = Linear(d.num_heads * d.v_head_dim, cfg.hidden_size)
         self.indexer = Indexer(cfg)
         self.attend = torch_ops.sparse_mla
+        self.index = torch_ops.dsa_index  # the ``dsa_index`` backend op
+        self.down_proj = None  # q_a|kv_a as one GEMM, set by fuse_projections
+        self.fast_absorbed: tuple[torch.Tensor, torch.Tensor] | None = None  # prepare_step
 
     def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, Dn, R] and W_UV [H, Dv, R] in fp32."""
@@ -72,23 +97,53 @@ class DSAttention(nn.Module):
         w = w.view(d.num_heads, d.qk_nope_head_dim + d.v_head_dim, d.kv_lora_rank)
         return w[:, : d.qk_nope_head_dim], w[:, d.qk_nope_head_dim:]
 
+    def fuse_projections(self) -> None:
+        """q_a|kv_a (both read h) as one GEMM, and the indexer's three projections of h."""
+        if self.down_proj is None:
+            self.__dict__["down_proj"] = merge_linears([self.q_a_proj, self.kv_a_proj_with_mqa])
+        if self.down_proj is not None:
+            self.down_proj.fp8_op = self.q_a_proj.fp8_op
+        self.indexer.fuse_projections()
+
+    def prepare_step(self, fast: bool) -> None:
+        """Fast path: W_UK and W_UV once, in the model dtype, laid out for batched matmuls."""
+        if not fast:
+            self.fast_absorbed = None
+            return
+        dtype = self.q_a_layernorm.weight.dtype
+        w_uk, w_uv = self.absorbed_weights()
+        self.fast_absorbed = (w_uk.to(dtype).contiguous(), w_uv.to(dtype).contiguous())
+
     def forward(self, h: torch.Tensor, plan: ForwardPlan, cache: ModelCache) -> torch.Tensor:
         d = self.cfg
-        q_lat = self.q_a_layernorm(self.q_a_proj(h))  # [T, Rq]
+        if self.down_proj is not None:
+            qa, ca = self.down_proj(h).split([d.q_lora_rank, d.kv_lora_rank], dim=-1)
+        else:
+            qa, ca = self.q_a_proj(h), self.kv_a_proj_with_mqa(h)
+        q_lat = self.q_a_layernorm(qa)  # [T, Rq]
         q = self.q_b_proj(q_lat).unflatten(-1, (d.num_heads, d.qk_nope_head_dim))  # [T, H, Dn]
-        c = self.kv_a_layernorm(self.kv_a_proj_with_mqa(h))  # [T, R]
+        c = self.kv_a_layernorm(ca)  # [T, R]
         cache.write_latent(self.layer_idx, plan.write_slots, c)
-        w_uk, w_uv = self.absorbed_weights()
-        q_abs = torch.einsum("thd,hdr->thr", q.float(), w_uk)  # [T, H, R]
+        if self.fast_absorbed is None:
+            w_uk, w_uv = self.absorbed_weights()
+            q_abs = torch.einsum("thd,hdr->thr", q.float(), w_uk)  # [T, H, R]
+        else:
+            w_uk, w_uv = self.fast_absorbed
+            q_abs = torch.einsum("thd,hdr->thr", q, w_uk)
+        slot_indices = self.index(self, h, q_lat, plan, cache)  # [T, W] token slots, -1 padded
+        o_lat = self.attend(q_abs, cache, self.layer_idx, slot_indices, d.softmax_scale)
+        o = torch.einsum("thr,hvr->thv", o_lat.to(w_uv.dtype), w_uv)  # [T, H, Dv]
+        return self.o_proj(o.flatten(1).to(h.dtype))
+
+    def reference_index(self, h: torch.Tensor, q_lat: torch.Tensor, plan: ForwardPlan,
+                        cache: ModelCache) -> torch.Tensor:
+        """Per sequence: update its pools and tail, select its queries' positions -> slots."""
         iq, ik, igate, iw = self.indexer.project(h, q_lat)
         rows = []
         for i, (s, e) in enumerate(plan.token_ranges()):
             pos = self._select(i, plan, cache, iq[s:e], ik[s:e], igate[s:e], iw[s:e])
             rows.append(plan.context_slots[i][pos.clamp(min=0)].masked_fill(pos < 0, -1))
-        slot_indices = _pad_cat(rows)  # [T, W] token slots, -1 padded
-        o_lat = self.attend(q_abs, cache, self.layer_idx, slot_indices, d.softmax_scale)
-        o = torch.einsum("thr,hvr->thv", o_lat, w_uv)  # [T, H, Dv]
-        return self.o_proj(o.flatten(1).to(h.dtype))
+        return _pad_cat(rows)
 
     def _select(self, i: int, plan: ForwardPlan, cache: ModelCache, q, k, gate, w) -> torch.Tensor:
         """Update this sequence's pool keys and tail, then pick positions for each new token."""

@@ -3,7 +3,9 @@
 Each decoder layer (docs/model.md section 2.3) runs two mHC sites:
   pre, post, comb = mHC_attn(X);  y = Attn(RMSNorm_in(sum_i pre_i X_i));   X = post (x) y + comb^T X
   pre, post, comb = mHC_ffn(X);   y = FFN(RMSNorm_post(sum_i pre_i X_i));  X = post (x) y + comb^T X
-Attn is KDA or DSA and FFN dense or MoE, per ``ModelConfig.layer_types`` / ``ffn_types``.
+Attn is KDA or DSA and FFN dense or MoE, per ``ModelConfig.layer_types`` / ``ffn_types``. A site's
+write-back is carried to the next site as ``pending`` and applied together with its coefficients
+(one kernel on the fused backends; the same reference ops in the same order on torch).
 
 The model reads a flat token batch and a ``ForwardPlan``; all carried state lives in a
 ``ModelCache``. It returns the final normalised hidden states; ``logits`` applies the untied
@@ -22,9 +24,9 @@ from glmlab.model.backends import Backends
 from glmlab.model.dsa import DSAttention
 from glmlab.model.kda import KDAttention
 from glmlab.model.layers import Linear, RMSNorm
-from glmlab.model.mhc import HyperConnection
+from glmlab.model.mhc import HyperConnection, Pending
 from glmlab.model.mlp import MLP
-from glmlab.model.moe import Experts, MoE
+from glmlab.model.moe import Experts, MoE, Router
 from glmlab.model.mtp import MTPLayer
 from glmlab.model.plan import ForwardPlan
 
@@ -57,12 +59,19 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, plan: ForwardPlan, cache: ModelCache) -> torch.Tensor:
         """x: [T, N, D] streams -> [T, N, D]."""
-        pre, post, comb = self.hc_attn.coefficients(x)
-        y = self.self_attn(self.input_layernorm(self.hc_attn.collapse(x, pre)), plan, cache)
-        x = self.hc_attn.expand(x, y, post, comb)
-        pre, post, comb = self.hc_ffn.coefficients(x)
-        y = self.mlp(self.post_attention_layernorm(self.hc_ffn.collapse(x, pre)))
-        return self.hc_ffn.expand(x, y, post, comb)
+        x, pending = self.forward_pending(x, None, plan, cache)
+        return self.hc_ffn.write_back(x, pending)
+
+    def forward_pending(self, x: torch.Tensor, pending: Pending | None, plan: ForwardPlan,
+                        cache: ModelCache) -> tuple[torch.Tensor, Pending]:
+        """The layer on streams x whose previous site's write-back is still ``pending``; returns
+        the streams before this layer's FFN write-back and that write-back (for the next layer's
+        first site, which applies it together with its own coefficients)."""
+        x, pre, post, comb = self.hc_attn.mix(x, pending)
+        y = self.self_attn(self.hc_attn.collapse_norm(x, pre, self.input_layernorm), plan, cache)
+        x, pre, post_f, comb_f = self.hc_ffn.mix(x, (y, post, comb))
+        y = self.mlp(self.hc_ffn.collapse_norm(x, pre, self.post_attention_layernorm))
+        return x, (y, post_f, comb_f)
 
 
 class GLM5Model(nn.Module):
@@ -90,15 +99,36 @@ class GLM5Model(nn.Module):
         return self
 
     def use_backends(self, backends: Backends) -> GLM5Model:
-        """Bind every layer to the named implementations (resolved once, here)."""
+        """Bind every layer to the named implementations (resolved once, here). Fast backends
+        also fuse projections that share an input into one GEMM (the parts become views of the
+        merged weight, so the reference path still computes exactly what it did)."""
         ops = backends.resolve()
+        fuse = backends.linear_fp8 == "triton" or backends.kda_step == "triton" \
+            or backends.dsa_index == "triton"
         for m in self.modules():
-            if isinstance(m, KDAttention):
+            if isinstance(m, Linear):
+                m.fp8_op = ops["linear_fp8"]
+            elif isinstance(m, RMSNorm):
+                m.op = ops["rmsnorm"]
+            elif isinstance(m, HyperConnection):
+                m.ops = ops["mhc"]
+            elif isinstance(m, Router):
+                m.op = ops["router"]
+            elif isinstance(m, KDAttention):
                 m.prefill_op, m.decode_op = ops["kda_prefill"], ops["kda_decode"]
+                m.step = ops["kda_step"]
             elif isinstance(m, DSAttention):
-                m.attend = ops["sparse_mla"]
+                m.attend, m.index = ops["sparse_mla"], ops["dsa_index"]
             elif isinstance(m, Experts):
                 m.op = ops["moe_experts"]
+        for m in list(self.modules()):  # after binding: merged Linears take the parts' ops
+            if fuse and isinstance(m, (KDAttention, DSAttention, MLP)):
+                m.fuse_projections()
+            if isinstance(m, (KDAttention, DSAttention)):
+                m.prepare_step(fast=backends.kda_step == "triton" if isinstance(m, KDAttention)
+                               else backends.dsa_index == "triton")
+            if isinstance(m, MLP):
+                m.fast_act = backends.linear_fp8 == "triton"
         self.backends = backends
         return self
 
@@ -112,11 +142,12 @@ class GLM5Model(nn.Module):
         """input_ids [T] -> (final normalised hidden [T, D], stream means after capture_layers)."""
         x = self.embed_tokens(input_ids)
         x = x[:, None, :].expand(-1, self.cfg.mhc.num_streams, -1).contiguous()
-        captured = []
+        captured, pending = [], None
         for i, layer in enumerate(self.layers):
-            x = layer(x, plan, cache)
+            x, pending = layer.forward_pending(x, pending, plan, cache)
             if i in capture_layers:
-                captured.append(x.mean(dim=1))
+                captured.append(layer.hc_ffn.write_back(x, pending).mean(dim=1))
+        x = self.layers[-1].hc_ffn.write_back(x, pending)
         return self.norm(x.mean(dim=1)), captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,9 @@ Per token (docs/model.md section 2.4; H heads of K = V channels, P = H*K):
 
 Carried state per request: the last W-1 conv inputs and the H x K x V recurrent state; both live in
 ``ModelCache`` at the request's state slot. Multi-token steps use the chunked form, single-token
-steps the recurrent form (batched over requests); the two agree to fp32 rounding.
+steps the recurrent form (batched over requests); the two agree to fp32 rounding. Everything
+between the input and o_proj is the ``kda_step`` backend op: ``reference_step`` here, or on the
+triton backend the fused uniform-step path of ``glmlab.model.kda_fast``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from glmlab.cache.storage import ModelCache
 from glmlab.config import ModelConfig
 from glmlab.kernels.kda.ref import causal_conv_ref, kda_gate_ref, l2norm
 from glmlab.model import torch_ops
-from glmlab.model.layers import Linear
+from glmlab.model.layers import Linear, merge_linears
 from glmlab.model.plan import ForwardPlan
 
 
@@ -46,18 +48,54 @@ class KDAttention(nn.Module):
         self.o_norm = nn.Parameter(torch.ones(k.head_dim))
         self.o_proj = Linear(p, d)
         self.prefill_op, self.decode_op = torch_ops.kda_prefill, torch_ops.kda_decode
+        self.step = torch_ops.kda_step  # the ``kda_step`` backend op
+        self.qkv_proj = self.gate_in_proj = None  # set by fuse_projections
+        self.fast_conv_weight: torch.Tensor | None = None  # set by prepare_step(fast=True)
 
     def conv_weight(self) -> torch.Tensor:
         """[3P, W] fp32: conv weights are applied in fp32 whatever the activation dtype."""
         w = torch.cat([self.q_conv1d, self.k_conv1d, self.v_conv1d], dim=0)
         return w.squeeze(1).float()
 
-    def forward(self, h: torch.Tensor, plan: ForwardPlan, cache: ModelCache) -> torch.Tensor:
+    def fuse_projections(self) -> None:
+        """q|k|v and f_a|g_a|b (each group shares the input h) as one GEMM each; the parts become
+        views of the merged weights. Not submodules: their weights are the parts' storage."""
+        if self.qkv_proj is None:
+            self.__dict__["qkv_proj"] = merge_linears([self.q_proj, self.k_proj, self.v_proj])
+            self.__dict__["gate_in_proj"] = merge_linears([self.f_a_proj, self.g_a_proj,
+                                                           self.b_proj])
+        for merged, part in ((self.qkv_proj, self.q_proj), (self.gate_in_proj, self.f_a_proj)):
+            if merged is not None:
+                merged.fp8_op = part.fp8_op
+
+    def prepare_step(self, fast: bool) -> None:
+        """Derived weights the fused step reads every call, computed once."""
+        self.fast_conv_weight = self.conv_weight().contiguous() if fast else None
+
+    def projections(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """qkv [T, 3P], f_a [T, K], g_a [T, K], b [T, H] (column slices of fused GEMMs if fused)."""
         k = self.cfg
-        qkv = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)  # [T, 3P]
-        g = kda_gate_ref(self.f_b_proj(self.f_a_proj(h)), self.A_log, self.dt_bias,
+        if self.qkv_proj is not None:
+            qkv = self.qkv_proj(h)
+        else:
+            qkv = torch.cat([self.q_proj(h), self.k_proj(h), self.v_proj(h)], dim=-1)
+        if self.gate_in_proj is not None:
+            fa, ga, b = self.gate_in_proj(h).split([k.head_dim, k.head_dim, k.num_heads], -1)
+        else:
+            fa, ga, b = self.f_a_proj(h), self.g_a_proj(h), self.b_proj(h)
+        return qkv, fa, ga, b
+
+    def forward(self, h: torch.Tensor, plan: ForwardPlan, cache: ModelCache) -> torch.Tensor:
+        return self.o_proj(self.step(self, h, plan, cache))
+
+    def reference_step(self, h: torch.Tensor, plan: ForwardPlan, cache: ModelCache
+                       ) -> torch.Tensor:
+        """Everything between the layer input and o_proj, per sequence where it must be: [T, P]."""
+        k = self.cfg
+        qkv, fa, ga, b = self.projections(h)  # [T, 3P], ...
+        g = kda_gate_ref(self.f_b_proj(fa), self.A_log, self.dt_bias,
                          k.lower_bound)  # [T, H, K] fp32
-        beta = torch.sigmoid(self.b_proj(h))  # [T, H]
+        beta = torch.sigmoid(b)  # [T, H]
         layer, slots, verify = self.layer_idx, plan.state_slots, plan.verify
         if verify is not None:  # speculative verify: keep the inputs a commit rolls back to
             verify.record_conv(layer, slots, cache.conv[layer][slots], qkv)
@@ -75,8 +113,8 @@ class KDAttention(nn.Module):
         else:
             out, states = self.prefill_op(q, kk, v, g, beta, states, plan.cu_seqlens)
         cache.recurrent[layer][slots] = states.to(cache.recurrent[layer].dtype)
-        gate = self.g_b_proj(self.g_a_proj(h)).unflatten(-1, (k.num_heads, k.head_dim))
-        return self.o_proj(self._gated_norm(out.to(h.dtype), gate).flatten(1))
+        gate = self.g_b_proj(ga).unflatten(-1, (k.num_heads, k.head_dim))
+        return self._gated_norm(out.to(h.dtype), gate).flatten(1)
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
         k = self.cfg

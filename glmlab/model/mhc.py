@@ -8,7 +8,10 @@ of a token, and from one projection of their (unweighted-RMS-normalised) concate
 - ``comb`` [N,N]: a near doubly-stochastic mixing of the old streams (softmax, then Sinkhorn).
 
 New streams: X'_k = post_k * y + sum_j comb[j, k] X_j. All coefficient maths is fp32; the final
-mixing casts ``post`` and ``comb`` to the activation dtype first, as transformers does.
+mixing casts ``post`` and ``comb`` to the activation dtype first, as transformers does. The maths
+is ``kernels/fused/ref.py``; the ``mhc`` backend op (``glmlab.model.backends``) runs a site either
+as those references or as the fused kernels, where one site's write-back is computed together with
+the next site's coefficients (the model carries it as ``pending`` = (y, post, comb)).
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import torch
 from torch import nn
 
 from glmlab.config import MHCConfig
-from glmlab.model.layers import rms_normalize
+from glmlab.kernels.fused.ref import mhc_coefficients_ref, mhc_collapse_ref, mhc_expand_ref
+from glmlab.model import torch_ops
+
+Pending = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (y, post, comb) not yet written back
 
 
 class HyperConnection(nn.Module):
@@ -32,31 +38,34 @@ class HyperConnection(nn.Module):
         self.fn = nn.Parameter(torch.empty(cfg.proj_dim, cfg.num_streams * hidden_size))
         self.base = nn.Parameter(torch.empty(cfg.proj_dim))
         self.scale = nn.Parameter(torch.empty(3))
+        self.ops = torch_ops.mhc
 
     def coefficients(self, streams: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """streams [T, N, D] -> pre [T, N], post [T, N], comb [T, N, N] (all fp32)."""
-        n = self.n
-        z = rms_normalize(streams.flatten(1), self.norm_eps)  # [T, N*D]
-        m = z @ self.fn.float().t()  # [T, (2+N)*N]
-        m_pre, m_post, m_comb = m.split([n, n, n * n], dim=-1)
-        b_pre, b_post, b_comb = self.base.float().split([n, n, n * n])
-        s_pre, s_post, s_comb = self.scale.float().unbind(0)
-        pre = torch.sigmoid(s_pre * m_pre + b_pre) + self.eps
-        post = 2 * torch.sigmoid(s_post * m_post + b_post)
-        comb = torch.softmax((s_comb * m_comb + b_comb).unflatten(-1, (n, n)), dim=-1) + self.eps
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
-        for _ in range(self.iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + self.eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + self.eps)
-        return pre, post, comb
+        return mhc_coefficients_ref(streams, self.fn, self.base, self.scale, self.iters, self.eps,
+                                    self.norm_eps)
 
     def collapse(self, streams: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """u [T, D] = sum_i pre_i X_i (in fp32, cast to the stream dtype)."""
-        return (pre[..., None] * streams).sum(dim=1).to(streams.dtype)
+        return mhc_collapse_ref(streams, pre)
 
     def expand(
         self, streams: torch.Tensor, y: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
     ) -> torch.Tensor:
         """X' [T, N, D] = post (x) y + comb^T X."""
-        dt = streams.dtype
-        return post.to(dt)[..., None] * y[:, None, :] + comb.to(dt).transpose(-1, -2) @ streams
+        return mhc_expand_ref(streams, y, post, comb)
+
+    # ---- through the bound backend op -------------------------------------------------------
+    def mix(self, streams: torch.Tensor, pending: Pending | None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Apply the previous site's ``pending`` write-back (if any), then this site's
+        coefficients: (X', pre, post, comb)."""
+        return self.ops.mix(streams, self, pending)
+
+    def collapse_norm(self, streams: torch.Tensor, pre: torch.Tensor, norm) -> torch.Tensor:
+        """The sublayer input ``norm(sum_i pre_i X_i)``."""
+        return self.ops.collapse_norm(streams, pre, norm)
+
+    def write_back(self, streams: torch.Tensor, pending: Pending) -> torch.Tensor:
+        """X' = post (x) y + comb^T X of a ``pending`` site."""
+        return self.ops.expand(streams, pending)

@@ -1,7 +1,8 @@
 """Mixture of experts: a sigmoid router over E routed experts (top-A) plus one shared expert.
 
 Router (fp32): s = sigmoid(W_r h); experts chosen by s + e_score_correction_bias (the bias steers
-selection only); weights = s_chosen / sum(s_chosen) * routed_scaling. Experts are clamped-SwiGLU
+selection only); weights = s_chosen / sum(s_chosen) * routed_scaling (``kernels/fused/ref.py``
+``router_ref``, or the one-kernel router on the triton backend). Experts are clamped-SwiGLU
 MLPs stored stacked: ``w13`` [E, 2I, D] (gate rows, then up rows) and ``w2`` [E, D, I], the layout a
 grouped GEMM reads. FP8 checkpoints keep the stacks as E4M3 with per-block scales.
 """
@@ -13,7 +14,6 @@ from torch import nn
 
 from glmlab.config import ModelConfig
 from glmlab.kernels.fp8.ref import FP8
-from glmlab.kernels.moe.ref import route_ref
 from glmlab.model import torch_ops
 from glmlab.model.mlp import MLP
 
@@ -25,12 +25,11 @@ class Router(nn.Module):
         self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.moe.num_experts))
         self.top_k, self.scaling = cfg.moe.top_k, cfg.moe.routed_scaling
         self.renormalize = cfg.moe.norm_topk_prob
+        self.op = torch_ops.router
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """h [T, D] -> weights [T, A] fp32, ids [T, A]."""
-        logits = h.float() @ self.weight.float().t()
-        return route_ref(logits, self.e_score_correction_bias, self.top_k, self.scaling,
-                         self.renormalize)
+        """h [T, D] -> weights [T, A] fp32, ids [T, A] (the ``router`` backend op)."""
+        return self.op(h, self)
 
 
 class Experts(nn.Module):
@@ -71,4 +70,5 @@ class MoE(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(h)
-        return self.experts(h, ids, weights) + self.shared_experts(h)
+        # routed + shared: the add is the shared expert's down-projection epilogue
+        return self.shared_experts(h, residual=self.experts(h, ids, weights))

@@ -51,6 +51,6 @@ class MTPLayer(nn.Module):
     ) -> torch.Tensor:
         """target_hidden, next_embeds: [T, D] -> normalised MTP hidden [T, D] (feed to lm_head)."""
         x = self.eh_proj(torch.cat([self.enorm(next_embeds), self.hnorm(target_hidden)], dim=-1))
-        x = x + self.self_attn(self.input_layernorm(x), plan, cache)
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return self.shared_head.norm(x)
+        y = self.self_attn(self.input_layernorm(x), plan, cache)
+        h, x = self.post_attention_layernorm.add_forward(y, x)  # x += y; h = norm(x)
+        return self.shared_head.norm.add_forward(self.mlp(h), x)[0]

@@ -54,6 +54,10 @@ class ForwardPlan:
     write_slots: torch.Tensor  # [T] slots of the new tokens, in batch order
     cu_seqlens: torch.Tensor  # [N+1] int64
     verify: VerifyRecorder | None = None  # set only for speculative verify steps
+    # Device copies of the lengths for paths that must not read host lists (fused uniform steps,
+    # CUDA graphs): the page table the slots came from and each new token's absolute position.
+    page_table: torch.Tensor | None = None  # [N, max_pages] int64
+    positions: torch.Tensor | None = None  # [T] int64
 
     @classmethod
     def build(cls, seq_lens: list[int], cache_lens: list[int], state_slots: list[int],
@@ -79,6 +83,9 @@ class ForwardPlan:
             write_slots=torch.cat(new) if new else torch.zeros(0, dtype=torch.long, device=device),
             cu_seqlens=cu,
             verify=verify,
+            page_table=page_table.long(),
+            positions=torch.tensor([c + j for n, c in zip(seq_lens, cache_lens, strict=True)
+                                    for j in range(n)], dtype=torch.long, device=device),
         )
 
     @property
@@ -88,6 +95,12 @@ class ForwardPlan:
     @property
     def num_tokens(self) -> int:
         return sum(self.seq_lens)
+
+    @property
+    def uniform_width(self) -> int:
+        """n when every sequence brings the same n >= 1 new tokens (decode 1, verify D), else 0."""
+        n = self.seq_lens[0] if self.seq_lens else 0
+        return n if all(m == n for m in self.seq_lens) else 0
 
     @property
     def is_decode(self) -> bool:

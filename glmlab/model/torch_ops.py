@@ -2,15 +2,24 @@
 
 Thin adapters from the model's batch layout onto the references in ``glmlab.kernels.*.ref``:
 loops over sequences where the reference is per sequence, blocks over queries where a gather
-would otherwise be too large. Correct everywhere, fast nowhere.
+would otherwise be too large. Correct everywhere, fast nowhere. The layer-level ops
+(``kda_step``, ``dsa_index``) are the layers' own per-sequence paths.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from glmlab.cache.storage import ModelCache
 from glmlab.kernels.dsa.ref import sparse_mla_ref
+from glmlab.kernels.fused.ref import (
+    mhc_coefficients_ref,
+    mhc_collapse_ref,
+    mhc_expand_ref,
+    rmsnorm_ref,
+    router_ref,
+)
 from glmlab.kernels.kda.ref import kda_chunk_ref, kda_recurrent_ref
 from glmlab.kernels.moe.ref import moe_experts_ref
 
@@ -66,3 +75,51 @@ def moe_experts(x, ids, weights, experts):
         experts.w2_scale,
         experts.block,
     )
+
+
+# ---- the reference side of the fused ops (glmlab.model.fast_ops has the kernel side) ----------
+
+def linear_fp8(x, linear, residual=None, x_scale=None):
+    """Dequantise the block-FP8 weight to x.dtype, one matmul (weight-only FP8: x not rounded)."""
+    if x_scale is not None:
+        raise ValueError("the torch linear_fp8 takes unquantised activations")
+    y = F.linear(x, linear.dense_weight(x.dtype))
+    return y if residual is None else y + residual
+
+
+def rmsnorm(x, norm, residual=None):
+    return rmsnorm_ref(x, norm.weight, norm.eps, residual)
+
+
+class _MHC:
+    """One mHC site as the reference computes it (kernels/fused/ref.py)."""
+
+    @staticmethod
+    def mix(x, hc, pending):
+        if pending is not None:
+            x = mhc_expand_ref(x, *pending)
+        return (x, *mhc_coefficients_ref(x, hc.fn, hc.base, hc.scale, hc.iters, hc.eps,
+                                         hc.norm_eps))
+
+    @staticmethod
+    def collapse_norm(x, pre, norm):
+        return norm(mhc_collapse_ref(x, pre))
+
+    @staticmethod
+    def expand(x, pending):
+        return mhc_expand_ref(x, *pending)
+
+
+mhc = _MHC()
+
+
+def router(h, r):
+    return router_ref(h, r.weight, r.e_score_correction_bias, r.top_k, r.scaling, r.renormalize)
+
+
+def kda_step(layer, h, plan, cache):
+    return layer.reference_step(h, plan, cache)
+
+
+def dsa_index(layer, h, q_lat, plan, cache):
+    return layer.reference_index(h, q_lat, plan, cache)

@@ -205,14 +205,14 @@ def mhc_mix_coefficients(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor,
     ws_s = torch.empty(splits, t, dtype=f32, device=dev)
     tickets = ticket_counters(dev, t_blocks) if splits > 1 and coefficients else ws_s
     if t:
-        fn_ = fn if coefficients else x
+        fn_, base_, scale_ = (fn, base, scale) if coefficients else (x, ws_s, ws_s)
         _mix_kernel[(t_blocks, splits)](
-            x, y.contiguous(), post.contiguous(), comb.contiguous(), xo, fn_, base, scale,
+            x, y.contiguous(), post.contiguous(), comb.contiguous(), xo, fn_, base_, scale_,
             pre_o, post_o, comb_o, ws_m, ws_s, tickets, t, d, fn_.stride(0), float(eps),
             float(norm_eps), int(iters), N=n, P=p, P_PAD=p_pad, HAS_MIX=pending is not None,
             HAS_COEF=coefficients, SPLITS=splits, CHUNKS=chunks,
             DOT_FP32=x.dtype == torch.float32 or fn_.dtype == torch.float32,
-            PRECISE=x.is_cuda, BT=_BT, BD=_BD, num_warps=4)
+            PRECISE=x.is_cuda, BT=_BT, BD=_BD, num_warps=4, num_stages=1)
     if not coefficients:
         return xo, None, None, None
     return xo, pre_o, post_o, comb_o
