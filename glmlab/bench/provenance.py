@@ -66,7 +66,12 @@ def command_line() -> str:
 
 @functools.lru_cache(maxsize=1)
 def git_state() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout glmlab runs from; the environment's when there is no .git."""
+    """(commit, dirty) of the checkout glmlab runs from; the environment's when it names one.
+
+    NOTE: the GPU machine receives a copy of the working tree whose ``.git`` may be an older
+    snapshot, so GLMLAB_GIT_COMMIT (set by whoever sends the tree) wins over ``.git``."""
+    if source_commit()[0] is not None:
+        return source_commit()
     if (REPO / ".git").exists() and shutil.which("git"):
         try:
             commit = _git("rev-parse", "HEAD")
