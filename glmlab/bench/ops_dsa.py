@@ -68,7 +68,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shapes", default="1056x16,128x16,8192x16,8192x64,32768x16,32768x64",
                    help="MxH query rows x heads")
     p.add_argument("--layouts", default="bf16,fp8_raw,fp8_scaled")
-    p.add_argument("--variants", default="rule,ws,pipelined,ws-h16,v1,sglang")
+    p.add_argument("--variants",
+                   default="rule,ws,pipelined,pipelined-t256,pipelined-s3-t256,v1,sglang")
     p.add_argument("--sglang", default="", help="sglang's dsa/tilelang_kernel.py (peer)")
     p.add_argument("--context", type=int, default=16384, help="tokens per decode request")
     p.add_argument("--prefill-context", type=int, default=65536)
@@ -178,12 +179,17 @@ def torch_reference(q, kv, layout: MlaKVLayout, idx) -> torch.Tensor:
 def our_configs(arch: GpuArch, lay: MlaKVLayout, m: int, h: int, names: list[str]) -> dict:
     """Variant name -> SparseMlaConfig of our kernels for one shape (``rule`` first)."""
     out = {"rule": choose_block(arch, lay, m, h)} if "rule" in names else {}
-    if "ws" in names:
+    if "ws" in names and h % 64 == 0:  # 64-head CTAs only (sparse_mla_ws)
         out["ws"] = choose_block(arch, lay, m, h, schedule=Schedule.WS)
-    if "ws-h16" in names and h % 64 == 0 and m * h <= 8192 * 64:
-        out["ws-h16"] = choose_block(arch, lay, m, h, schedule=Schedule.WS, heads_per_cta=16)
-    if "pipelined" in names and lay.format is KVFormat.BF16:  # bf16 rows only (sparse_mla_ws)
-        out["pipelined"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED)
+    if lay.format is KVFormat.BF16:  # the pipelined kernel reads bf16 rows only
+        if "pipelined" in names:
+            out["pipelined"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED)
+        if "pipelined-t256" in names and h % 64:  # 16-head CTAs with eight warps
+            out["pipelined-t256"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED,
+                                                 threads=256)
+        if "pipelined-s3-t256" in names and h % 64:  # and two tiles in flight (208 KB smem)
+            out["pipelined-s3-t256"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED,
+                                                    threads=256, stages=3)
     if "v1" in names:
         out["v1"] = choose_block_v1(arch, lay, m, h)
     seen, unique = set(), {}
@@ -271,7 +277,12 @@ def bench_shape(sm, peer_mod, m: int, h: int, lay: MlaKVLayout, work, args, ceil
         del kv_peer
     if times:
         best = min(times, key=times.get)
+        ours = {k: v for k, v in times.items() if k != "sglang"}
+        best_ours = min(ours, key=ours.get) if ours else ""
         sink.add({**base, "op": "sparse_mla_best", "best": best, "best_us": times[best],
+                  "best_ours": best_ours,
+                  "speedup_best_ours_over_sglang": times.get("sglang", float("nan"))
+                  / ours.get(best_ours, float("nan")),
                   "rule": rule.name, "rule_is_best": times.get("rule") == times[best],
                   "rule_vs_best": times.get("rule", float("nan")) / times[best],
                   "speedup_rule_over_v1": times.get("v1", float("nan"))
@@ -319,20 +330,22 @@ def precompile_everything(args, arch: GpuArch) -> int:
     """Build (in parallel, into TileLang's disk cache) the kernels of this run and of the GPU
     tests, so that later processes only load them."""
     from glmlab.kernels.dsa import sparse_mla_tilelang as sm
-    from glmlab.kernels.dsa.dispatch import SparseMlaConfig, threads_for
+    from glmlab.kernels.dsa.dispatch import SparseMlaConfig
 
     layouts = [MlaKVLayout(KVFormat(x), RANK) for x in args.layouts.split(",")]
     jobs = {(lay, cfg) for m, h in _shapes(args.shapes) for lay in layouts
             for cfg in our_configs(arch, lay, m, h, args.variants.split(",")).values()}
     for fmt in KVFormat:  # the test grid (tests/kernels/dsa/test_sparse_mla_tilelang.py)
         lay = MlaKVLayout(fmt, RANK)
-        for sched, block, hpc in [(Schedule.SERIAL, 32, 16), (Schedule.SERIAL, 128, 64),
-                                  (Schedule.WS, 64, 16), (Schedule.WS, 64, 64)] + (
-                [(Schedule.PIPELINED, 64, 16), (Schedule.PIPELINED, 64, 64)]
-                if fmt is KVFormat.BF16 else []):
+        for sched, block, hpc, threads in [(Schedule.SERIAL, 32, 16, 128),
+                                           (Schedule.SERIAL, 128, 64, 256),
+                                           (Schedule.WS, 64, 64, 384)] + (
+                [(Schedule.PIPELINED, 64, 16, 128), (Schedule.PIPELINED, 64, 16, 256),
+                 (Schedule.PIPELINED, 64, 64, 256)] if fmt is KVFormat.BF16 else []):
             stages = 1 if sched is Schedule.SERIAL else 2
-            jobs.add((lay, SparseMlaConfig(block, hpc, 1, threads_for(sched, hpc), sched,
-                                           stages)))
+            jobs.add((lay, SparseMlaConfig(block, hpc, 1, threads, sched, stages)))
+    jobs.add((MlaKVLayout(KVFormat.BF16, RANK), SparseMlaConfig(64, 16, 1, 256,
+                                                               Schedule.PIPELINED, 3)))
     for rank in (32, 64):
         jobs.add((MlaKVLayout(KVFormat.FP8_SCALED, rank), SparseMlaConfig(32, 16, 1, 128)))
     return sm.precompile(sorted(jobs, key=repr))

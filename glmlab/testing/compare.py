@@ -25,6 +25,7 @@ TOLERANCES = {
     "bf16": Tolerance(rel_rms=3 / 128, max_abs_rel=6 / 128),
     "bf16_model": Tolerance(rel_rms=0.06, max_abs_rel=0.25),  # whole-model logits, bf16 roundings
     "fp8_block": Tolerance(rel_rms=0.08, max_abs_rel=0.4),  # weights dequantised vs not quantised
+    "fp8_mma": Tolerance(rel_rms=5e-4, max_abs_rel=1e-3),  # SM90 FP8 MMA: ~14-bit partial sums
 }
 
 

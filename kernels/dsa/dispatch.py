@@ -4,21 +4,27 @@
 here touches a GPU, so the rule is unit-tested on CPU and printed beside every benchmark row.
 
 Schedules (``Schedule``): ``SERIAL`` is the first-generation kernel (gather, sync, QK, softmax, PV
-in one loop; ``sparse_mla_tilelang.partial_program``); ``WS`` the warp-specialised one (a producer
-warpgroup gathers two 64-row stages ahead of two consumer warpgroups, ``sparse_mla_ws``);
-``PIPELINED`` the ``T.Pipelined`` fallback with cp.async stages.
+in one loop; ``sparse_mla_tilelang.partial_program``); ``PIPELINED`` the ``T.Pipelined`` kernel
+with cp.async stages (bf16 rows); ``WS`` the warp-specialised 64-head kernel (a producer
+warpgroup gathers and dequantises two 64-row stages ahead of two consumer warpgroups,
+``sparse_mla_ws``).
 
-The rule (provisional, 2026-12-02; re-derive from the H200 rows of ``glmlab.bench.ops_dsa``, which
-prints the fastest variant per shape as ``best`` rows):
-- SM90 and a layout the second-generation kernels read (rank a multiple of 128): ``WS`` with
-  64-column tiles; 64 heads per CTA when the head count allows it (wgmma, seesaw consumers), else
-  16 (mma.sync, two independent consumers). One 384-thread CTA per SM (~200 KB shared memory).
+The rule, from the H200 run of 2026-12-02 (``glmlab.bench.ops_dsa`` ``sparse_mla_best`` rows;
+only schedules whose GPU tests passed there are eligible):
+- bf16 rows on SM90 (rank a multiple of 128): ``PIPELINED``, 64-column tiles, 2 stages; 64 heads
+  per CTA when the head count allows it, else 16 with 128 threads. Measured against the first
+  generation: 2.2x (64 heads, 8K-32K rows), 2.3-2.8x (16 heads, M 128-8K).
+- FP8 rows: ``SERIAL`` (``choose_block_v1``), the only FP8 schedule measured so far. The ws
+  kernel (the FP8 candidate) hung in that run; it is benchmarked beside the rule until measured.
 - Otherwise ``choose_block_v1``: the first-generation rule, measured on H200 2026-11-30
   (data/bench/dsa.jsonl): heads per CTA 64 when possible (3.2-3.4x over four 16-head CTAs);
   ``block_i`` 128 for 64-head CTAs whose tile fits shared memory (1.23-1.34x over 32), else 32
   (16-head CTAs were 1.5-1.7x *slower* with 128: the serial loop needs several CTAs per SM).
-- KV splits: 1 when the grid already covers every SM (Combine is then skipped), else the
-  smallest power of two that does, at most 16.
+- KV splits, first generation: 1 when the grid covers every SM (Combine is then skipped), else
+  the smallest power of two that does, at most 16. Second generation (one CTA per SM: its
+  stages fill shared memory): as many splits as still fit one wave, ``num_sms // CTAs`` (at
+  most 16, at least 1). A second wave of equal CTAs costs as much as the first, so splitting
+  128 CTAs in two on 132 SMs would only add the Combine.
 
 Iteration counts for the notebook: ``tile_iterations(2112, 32) == 66``, ``(2112, 128) == 17``.
 """
@@ -28,7 +34,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from glmlab.kernels.dsa.layout import MlaKVLayout
+from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
 
 MAX_SPLITS = 16
 SM90_SMEM_PER_CTA = 227 * 1024
@@ -64,9 +70,16 @@ class Schedule(enum.Enum):
 
 
 def threads_for(schedule: Schedule, heads_per_cta: int) -> int:
+    """Default thread count (pipelined 16-head CTAs may also run 256)."""
     if schedule is Schedule.WS:
         return 384
     return 256 if heads_per_cta == 64 else 128
+
+
+def allowed_threads(schedule: Schedule, heads_per_cta: int) -> tuple[int, ...]:
+    if schedule is Schedule.PIPELINED and heads_per_cta == 16:
+        return (128, 256)
+    return (threads_for(schedule, heads_per_cta),)
 
 
 @dataclass(frozen=True)
@@ -83,17 +96,21 @@ class SparseMlaConfig:
             raise ValueError(f"unsupported tile {self.block_i} x {self.heads_per_cta} heads")
         if not 1 <= self.num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be in 1..{MAX_SPLITS}, got {self.num_splits}")
-        if self.threads != threads_for(self.schedule, self.heads_per_cta):
+        allowed = allowed_threads(self.schedule, self.heads_per_cta)
+        if self.threads not in allowed:
             raise ValueError(f"{self.schedule.value} with {self.heads_per_cta} heads runs "
-                             f"{threads_for(self.schedule, self.heads_per_cta)} threads, "
-                             f"not {self.threads}")
-        if self.schedule is Schedule.WS and (self.block_i != 64 or self.stages != 2):
-            raise ValueError("the ws schedule runs 64-column tiles in 2 stages")
+                             f"{' or '.join(map(str, allowed))} threads, not {self.threads}")
+        if self.schedule is Schedule.WS and (self.block_i != 64 or self.stages != 2
+                                             or self.heads_per_cta != 64):
+            raise ValueError("the ws schedule runs 64-head CTAs over 64-column tiles in 2 "
+                             "stages")
 
     @property
     def name(self) -> str:
         """Short variant name for benchmark rows: ``ws-b64-h16``, ``serial-b32-h16``."""
         stages = f"-s{self.stages}" if self.schedule is Schedule.PIPELINED else ""
+        if self.threads != threads_for(self.schedule, self.heads_per_cta):
+            stages += f"-t{self.threads}"
         return f"{self.schedule.value}-b{self.block_i}-h{self.heads_per_cta}{stages}"
 
     def describe(self) -> str:
@@ -119,6 +136,12 @@ def choose_splits(arch: GpuArch, query_rows: int, heads: int, heads_per_cta: int
     return splits
 
 
+def splits_one_wave(arch: GpuArch, query_rows: int, heads: int, heads_per_cta: int) -> int:
+    """Second generation: the most splits whose CTAs (one per SM) still fit one wave."""
+    ctas = max(1, query_rows) * -(-heads // heads_per_cta)
+    return max(1, min(MAX_SPLITS, arch.num_sms // ctas))
+
+
 def smem_bytes(rank: int, block_i: int, heads_per_cta: int) -> int:
     """Shared memory of one Partial CTA: bf16 queries, bf16 KV tile, bf16 probabilities (+ slack
     for indices, scales and reduction workspaces)."""
@@ -132,24 +155,27 @@ def second_generation_reads(kv_layout: MlaKVLayout) -> bool:
 
 def choose_block(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int,
                  block_i: int | None = None, heads_per_cta: int | None = None,
-                 schedule: Schedule | None = None, stages: int | None = None) -> SparseMlaConfig:
+                 schedule: Schedule | None = None, stages: int | None = None,
+                 threads: int | None = None) -> SparseMlaConfig:
     """The kernel config for one call; the keyword arguments force a choice (benchmarks).
 
     Example:
-        >>> from glmlab.kernels.dsa.layout import FP8_RAW_512
-        >>> choose_block(H200, FP8_RAW_512, query_rows=1024, heads=64).describe()
-        'schedule=ws block_i=64 heads_per_cta=64 splits=1 threads=384 stages=2'
+        >>> from glmlab.kernels.dsa.layout import BF16_512
+        >>> choose_block(H200, BF16_512, query_rows=1024, heads=64).describe()
+        'schedule=pipelined block_i=64 heads_per_cta=64 splits=1 threads=256 stages=2'
     """
     if schedule is None:  # a forced tile width other than 64 means the first generation
-        ws_ok = arch.major == 9 and second_generation_reads(kv_layout) and block_i in (None, 64)
-        schedule = Schedule.WS if ws_ok else Schedule.SERIAL
+        second = (arch.major == 9 and second_generation_reads(kv_layout)
+                  and block_i in (None, 64) and kv_layout.format is KVFormat.BF16)
+        schedule = Schedule.PIPELINED if second else Schedule.SERIAL
     if schedule is Schedule.SERIAL:
         return choose_block_v1(arch, kv_layout, query_rows, heads, block_i, heads_per_cta)
-    hpc = heads_per_cta or heads_per_cta_for(heads)
+    hpc = heads_per_cta or (64 if schedule is Schedule.WS else heads_per_cta_for(heads))
     stages = stages or 2
     block_i = block_i or 64
-    splits = choose_splits(arch, query_rows, heads, hpc)
-    return SparseMlaConfig(block_i, hpc, splits, threads_for(schedule, hpc), schedule, stages)
+    splits = splits_one_wave(arch, query_rows, heads, hpc)
+    return SparseMlaConfig(block_i, hpc, splits, threads or threads_for(schedule, hpc), schedule,
+                           stages)
 
 
 def choose_block_v1(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int,

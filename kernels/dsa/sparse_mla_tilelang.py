@@ -196,7 +196,7 @@ def _program(key: tuple):
     if schedule is Schedule.WS:
         return sparse_mla_ws.ws_program(layout, block_i, heads_per_cta)
     if schedule is Schedule.PIPELINED:
-        return sparse_mla_ws.pipelined_program(layout, block_i, heads_per_cta, stages)
+        return sparse_mla_ws.pipelined_program(layout, block_i, heads_per_cta, stages, threads)
     return partial_program(layout, block_i, heads_per_cta, threads)
 
 
@@ -302,6 +302,8 @@ def sparse_mla_fwd(q: torch.Tensor, kv: torch.Tensor, layout: MlaKVLayout, indic
         config = choose_block(GpuArch.current(q.device), layout, t_len, heads)
     if config.schedule is not Schedule.SERIAL and not sparse_mla_ws.supports(layout):
         raise ValueError(f"{config.schedule.value} kernels cannot read {layout}")
+    if config.schedule is Schedule.PIPELINED and layout.format is not KVFormat.BF16:
+        raise ValueError(f"the pipelined kernel reads bf16 rows only, not {layout}")
     pad = -heads % config.heads_per_cta
     if pad:
         q = torch.nn.functional.pad(q, (0, 0, 0, pad))

@@ -19,13 +19,16 @@ changes is the schedule inside a CTA:
     own tile, they swap row maxima through shared memory (so both use the same running max),
     each writes its P to shared memory, and each accumulates P_own V_own[half] + P_peer
     V_peer[half]. Work per warpgroup is equal; the row sums are added at the end.
-  - 16-head CTAs (mma.sync, M = 16: below wgmma's 64 rows): two independent consumers, each
-    with its own online softmax over every other tile and the whole 16 x 512 output; they
-    merge once at the end through shared memory (split-K inside the CTA). This shape is bound
-    by the gather, so the point is two stages of 64 rows in flight per SM.
+  - 16-head CTAs have no ws form. Their MMAs are mma.sync (M = 16) over four warps, so every
+    row max and row sum is a cross-warp reduction, and TileLang 0.1.15 lowers each one with the
+    fixed named barriers 1 and 2 (``tl::AllReduce<..., NamedBarrier<128>>``). Two consumer
+    warpgroups reducing at once would meet at the same barrier ids and mix their warps (a race,
+    and a deadlock once one side waits on an mbarrier). The seesaw's wgmma rows stay inside one
+    warp (shuffles only), so it has no such barrier.
 ``pipelined`` (128 or 256 threads): TileLang's software pipeline (``T.Pipelined``) over the tile
   loop; the gather is a plain copy, so TileLang issues it as ``cp.async`` ``stages - 1`` tiles
-  ahead. FP8 rows are copied raw and widened in shared memory. The simpler fallback.
+  ahead. bf16 rows only. 16-head CTAs may run 256 threads (eight warps issue the gather and
+  split the PV columns; SGLang's bf16 kernel runs this shape with 256).
 
 The tile loop walks the split's tiles in pairs (stage 0, stage 1); an odd count leaves the last
 stage-1 tile past the split, which the producer marks invalid (all scores -inf, zero rows).
@@ -42,6 +45,16 @@ from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
 
 EMPTY_LSE = -(2.0**30)
 ACC = "float32"
+# Register budgets per thread after ``setmaxnreg`` (producer, each consumer). A 384-thread CTA
+# launches with 168 registers per thread (65536 / 384, rounded down to 8), and setmaxnreg.inc
+# only takes registers that the CTA's own warpgroups gave back with setmaxnreg.dec: so
+# 128 * producer + 256 * consumer must not exceed 384 * 168 = 64512, or the consumers' inc
+# waits forever (round 1 asked for 80 + 2 x 216 = 65536 registers: both ws kernels hung).
+LAUNCH_REGS = 168
+REGS_BF16 = (40, 232)  # cp.async producer needs only addresses and a predicate
+REGS_FP8 = (72, 216)  # the FP8 producer holds 16 widened values + scale per chunk
+for _p, _c in (REGS_BF16, REGS_FP8):
+    assert 128 * _p + 256 * _c <= 384 * LAUNCH_REGS and _p % 8 == 0 and _c % 8 == 0
 
 
 def supports(layout: MlaKVLayout) -> bool:
@@ -83,15 +96,15 @@ def _signature(layout: MlaKVLayout, body):
 # ------------------------------------------------------------------------------ warp-specialised
 def ws_program(layout: MlaKVLayout, block_i: int = 64, heads_per_cta: int = 64):
     """The warp-specialised Partial kernel (384 threads) as a TileLang PrimFunc."""
-    if not supports(layout) or block_i % 16 or heads_per_cta not in (16, 64):
+    if not supports(layout) or block_i % 16 or heads_per_cta != 64:
         raise ValueError(f"ws kernel: unsupported {layout} / block {block_i} / "
-                         f"{heads_per_cta} heads")
+                         f"{heads_per_cta} heads (64-head CTAs only: see the module notes)")
     R, BI, HB = layout.rank, block_i, heads_per_cta
     RH = R // 2
     fmt = layout.format
     scale_col = layout.scale_offset // 4
-    seesaw = HB == 64
-    free_count = 256 if seesaw else 128  # consumers that read each stage
+    free_count = 256  # both consumers read each stage
+    regs_producer, regs_consumer = REGS_BF16 if fmt is KVFormat.BF16 else REGS_FP8
 
     @T.macro
     def produce(KV, KVS, Idx, kv_s, valid, k_ready, k_free, row, first, last, pairs, width):
@@ -195,34 +208,6 @@ def ws_program(layout: MlaKVLayout, block_i: int = 64, heads_per_cta: int = 64):
             T.copy(rsum, PL[row, sp, h0:h0 + HB])
 
     @T.macro
-    def solo_consumer(own, q_s, kv_s, p_s, valid, bar_q, k_ready, k_free, pairs, acc_o, acc_s,
-                      m, m_prev, alpha, rsum, l_tile):
-        T.fill(rsum, 0)
-        T.fill(m, EMPTY_LSE)
-        T.fill(acc_o, 0)
-        T.barrier_wait(bar_q, 0)
-        for it in T.serial(pairs):
-            T.barrier_wait(k_ready[own], it & 1)
-            T.gemm(q_s, kv_s[own, :, :], acc_s, transpose_B=True, clear_accum=True,
-                   policy=T.GemmWarpPolicy.FullCol)
-            for h, i in T.Parallel(HB, BI):
-                acc_s[h, i] = T.if_then_else(valid[own, i], acc_s[h, i], -T.infinity(ACC))
-            T.copy(m, m_prev)
-            T.reduce_max(acc_s, m, dim=1, clear=False)
-            for h in T.Parallel(HB):
-                alpha[h] = T.exp2(m_prev[h] - m[h])
-            for h, i in T.Parallel(HB, BI):
-                acc_s[h, i] = T.exp2(acc_s[h, i] - m[h])
-            T.reduce_sum(acc_s, l_tile, dim=1)
-            for h in T.Parallel(HB):
-                rsum[h] = rsum[h] * alpha[h] + l_tile[h]
-            for h, d in T.Parallel(HB, R):
-                acc_o[h, d] *= alpha[h]
-            T.copy(acc_s, p_s[own, :, :])
-            T.gemm(p_s[own, :, :], kv_s[own, :, :], acc_o, policy=T.GemmWarpPolicy.FullCol)
-            T.barrier_arrive(k_free[own])
-
-    @T.macro
     def body(Q, KV, KVS, Idx, PO, PL, width, splits):
         heads, rows = Q.shape[1], Q.shape[0]
         with T.Kernel(T.ceildiv(heads, HB), rows, splits, threads=384) as (bh, row, sp):
@@ -246,79 +231,37 @@ def ws_program(layout: MlaKVLayout, block_i: int = 64, heads_per_cta: int = 64):
             h0 = bh * HB
             T.copy(Q[row, h0:h0 + HB, :], q_s)
             T.barrier_arrive(bar_q)
-            if seesaw:
-                acc_o0 = T.alloc_fragment([HB, RH], ACC)
-                acc_o1 = T.alloc_fragment([HB, RH], ACC)
-                acc_s0 = T.alloc_fragment([HB, BI], ACC)
-                acc_s1 = T.alloc_fragment([HB, BI], ACC)
-                m0, m1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                mp0, mp1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                mq0, mq1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                l0, l1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                lt0, lt1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                if tx >= 256:
-                    T.set_max_nreg(80 if fmt is KVFormat.BF16 else 96, 0)
-                    produce(KV, KVS, Idx, kv_s, valid, k_ready, k_free, row, first, last, pairs,
-                            width)
-                elif tx < 128:
-                    T.set_max_nreg(216 if fmt is KVFormat.BF16 else 208, 1)
-                    seesaw_consumer(0, q_s, kv_s, p_s, valid, mx_s, sum_s, bar_q, k_ready,
-                                    k_free, stats, p_ready, pairs, acc_o0, acc_s0, m0, mp0, mq0,
-                                    l0, lt0, PO, PL, row, sp, h0)
-                else:
-                    T.set_max_nreg(216 if fmt is KVFormat.BF16 else 208, 1)
-                    seesaw_consumer(1, q_s, kv_s, p_s, valid, mx_s, sum_s, bar_q, k_ready,
-                                    k_free, stats, p_ready, pairs, acc_o1, acc_s1, m1, mp1, mq1,
-                                    l1, lt1, PO, PL, row, sp, h0)
+            acc_o0 = T.alloc_fragment([HB, RH], ACC)
+            acc_o1 = T.alloc_fragment([HB, RH], ACC)
+            acc_s0 = T.alloc_fragment([HB, BI], ACC)
+            acc_s1 = T.alloc_fragment([HB, BI], ACC)
+            m0, m1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
+            mp0, mp1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
+            mq0, mq1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
+            l0, l1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
+            lt0, lt1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
+            if tx >= 256:
+                T.set_max_nreg(regs_producer, 0)
+                produce(KV, KVS, Idx, kv_s, valid, k_ready, k_free, row, first, last, pairs,
+                        width)
+            elif tx < 128:
+                T.set_max_nreg(regs_consumer, 1)
+                seesaw_consumer(0, q_s, kv_s, p_s, valid, mx_s, sum_s, bar_q, k_ready,
+                                k_free, stats, p_ready, pairs, acc_o0, acc_s0, m0, mp0, mq0,
+                                l0, lt0, PO, PL, row, sp, h0)
             else:
-                xo_s = T.alloc_shared([HB, R], ACC)  # consumer 1's output, merged by consumer 0
-                acc_o0 = T.alloc_fragment([HB, R], ACC)
-                acc_o1 = T.alloc_fragment([HB, R], ACC)
-                acc_s0 = T.alloc_fragment([HB, BI], ACC)
-                acc_s1 = T.alloc_fragment([HB, BI], ACC)
-                m0, m1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                mp0, mp1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                a0, a1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                l0, l1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                lt0, lt1 = T.alloc_fragment([HB], ACC), T.alloc_fragment([HB], ACC)
-                if tx >= 256:
-                    T.set_max_nreg(80 if fmt is KVFormat.BF16 else 96, 0)
-                    produce(KV, KVS, Idx, kv_s, valid, k_ready, k_free, row, first, last, pairs,
-                            width)
-                elif tx < 128:
-                    T.set_max_nreg(216 if fmt is KVFormat.BF16 else 208, 1)
-                    solo_consumer(0, q_s, kv_s, p_s, valid, bar_q, k_ready, k_free, pairs,
-                                  acc_o0, acc_s0, m0, mp0, a0, l0, lt0)
-                    T.barrier_wait(stats[1], 0)
-                    for h in T.Parallel(HB):
-                        mp0[h] = T.max(m0[h], mx_s[1, h])
-                    for h in T.Parallel(HB):
-                        a0[h] = T.exp2(m0[h] - mp0[h])
-                        a1[h] = T.exp2(mx_s[1, h] - mp0[h])
-                        l0[h] = l0[h] * a0[h] + sum_s[1, h] * a1[h]
-                    for h, d in T.Parallel(HB, R):
-                        acc_o0[h, d] = (acc_o0[h, d] * a0[h] + xo_s[h, d] * a1[h]) / T.if_then_else(
-                            l0[h] == 0.0, 1.0, l0[h])
-                    for h in T.Parallel(HB):
-                        l0[h] = T.if_then_else(l0[h] == 0.0, EMPTY_LSE, T.log2(l0[h]) + mp0[h])
-                    T.copy(acc_o0, PO[row, sp, h0:h0 + HB, :])
-                    T.copy(l0, PL[row, sp, h0:h0 + HB])
-                else:
-                    T.set_max_nreg(216 if fmt is KVFormat.BF16 else 208, 1)
-                    solo_consumer(1, q_s, kv_s, p_s, valid, bar_q, k_ready, k_free, pairs,
-                                  acc_o1, acc_s1, m1, mp1, a1, l1, lt1)
-                    T.copy(m1, mx_s[1, :])
-                    T.copy(l1, sum_s[1, :])
-                    T.copy(acc_o1, xo_s)
-                    T.barrier_arrive(stats[1])
+                T.set_max_nreg(regs_consumer, 1)
+                seesaw_consumer(1, q_s, kv_s, p_s, valid, mx_s, sum_s, bar_q, k_ready,
+                                k_free, stats, p_ready, pairs, acc_o1, acc_s1, m1, mp1, mq1,
+                                l1, lt1, PO, PL, row, sp, h0)
 
     return _signature(layout, body)
 
 
 # ------------------------------------------------------------------------------ auto-pipelined
 def pipelined_program(layout: MlaKVLayout, block_i: int = 64, heads_per_cta: int = 16,
-                      stages: int = 2):
-    """The ``T.Pipelined`` Partial kernel (128 threads for 16 heads, 256 for 64).
+                      stages: int = 2, threads: int | None = None):
+    """The ``T.Pipelined`` Partial kernel (16 heads: 128 or 256 threads; 64 heads: 256).
 
     NOTE: bf16 rows only: with the FP8 staging copy + widening in the loop, TileLang 0.1.15's
     pipeline planner fails ("Downcast from tirx.Sub to ir.IntImm"); FP8 rows use ``ws``.
@@ -328,7 +271,9 @@ def pipelined_program(layout: MlaKVLayout, block_i: int = 64, heads_per_cta: int
     R, BI, HB = layout.rank, block_i, heads_per_cta
     fmt, G, NG = layout.format, layout.group, max(1, layout.num_scales)
     scale_col = layout.scale_offset // 4
-    threads = 256 if HB == 64 else 128
+    threads = threads or (256 if HB == 64 else 128)
+    if threads not in (128, 256) or (HB == 64 and threads != 256):
+        raise ValueError(f"pipelined kernel: {threads} threads for {HB} heads")
 
     @T.macro
     def body(Q, KV, KVS, Idx, PO, PL, width, splits):

@@ -46,21 +46,27 @@ def test_rule_v1(arch, layout, rows, heads, block, hpc, splits):
     assert str(block) in cfg.describe()
 
 
+PIPE = Schedule.PIPELINED
+
+
 @pytest.mark.parametrize("arch,layout,rows,heads,schedule,hpc,splits", [
-    pytest.param(H200, BF16_512, 1056, 16, Schedule.WS, 16, 1, id="decode-verify-TP4-ws"),
-    pytest.param(H200, FP8_SCALED_512, 32768, 64, Schedule.WS, 64, 1, id="prefill-64heads-ws"),
-    pytest.param(H200, FP8_RAW_512, 64, 16, Schedule.WS, 16, 4, id="few-rows-split-k"),
-    pytest.param(H200, FP8_RAW_512, 1, 64, Schedule.WS, 64, 16, id="one-row-max-splits"),
-    pytest.param(H200, MlaKVLayout(KVFormat.FP8_SCALED, 64), 5, 16, Schedule.SERIAL, 16, 16,
+    pytest.param(H200, BF16_512, 1056, 16, PIPE, 16, 1, id="decode-verify-TP4-pipelined"),
+    pytest.param(H200, BF16_512, 32768, 64, PIPE, 64, 1, id="prefill-64heads-pipelined"),
+    pytest.param(H200, BF16_512, 128, 16, PIPE, 16, 1, id="M128-one-wave-no-split"),
+    pytest.param(H200, BF16_512, 40, 16, PIPE, 16, 3, id="few-rows-fill-one-wave"),
+    pytest.param(H200, BF16_512, 1, 64, PIPE, 64, 16, id="one-row-max-splits"),
+    pytest.param(H200, FP8_SCALED_512, 32768, 64, Schedule.SERIAL, 64, 1, id="fp8-first-gen"),
+    pytest.param(H200, FP8_RAW_512, 64, 16, Schedule.SERIAL, 16, 4, id="fp8-v1-splits"),
+    pytest.param(H200, MlaKVLayout(KVFormat.BF16, 64), 5, 16, Schedule.SERIAL, 16, 16,
                  id="small-rank-first-generation"),
     pytest.param(A100, BF16_512, 1024, 64, Schedule.SERIAL, 64, 1, id="not-sm90"),
 ])
 def test_rule(arch, layout, rows, heads, schedule, hpc, splits):
     cfg = choose_block(arch, layout, rows, heads)
     assert (cfg.schedule, cfg.heads_per_cta, cfg.num_splits) == (schedule, hpc, splits)
-    if schedule is Schedule.WS:
-        assert (cfg.block_i, cfg.stages, cfg.threads) == (64, 2, 384)
-        assert cfg.name == f"ws-b64-h{hpc}"
+    if schedule is PIPE:
+        assert (cfg.block_i, cfg.stages, cfg.threads) == (64, 2, 256 if hpc == 64 else 128)
+        assert cfg.name == f"pipelined-b64-h{hpc}-s2"
 
 
 def test_forced_choices_and_validation():
@@ -72,8 +78,14 @@ def test_forced_choices_and_validation():
     with pytest.raises(ValueError):
         SparseMlaConfig(block_i=32, heads_per_cta=16, num_splits=0, threads=128)
     with pytest.raises(ValueError, match="384"):
-        SparseMlaConfig(64, 16, 1, 128, Schedule.WS, 2)
-    with pytest.raises(ValueError, match="64-column"):
+        SparseMlaConfig(64, 64, 1, 256, Schedule.WS, 2)
+    with pytest.raises(ValueError, match="64-head CTAs over 64-column"):
         SparseMlaConfig(128, 64, 1, 384, Schedule.WS, 2)
-    cfg = choose_block(H200, BF16_512, 8192, 16, schedule=Schedule.PIPELINED)
-    assert (cfg.threads, cfg.stages, cfg.name) == (128, 2, "pipelined-b64-h16-s2")
+    with pytest.raises(ValueError, match="64-head CTAs"):
+        SparseMlaConfig(64, 16, 1, 384, Schedule.WS, 2)
+    with pytest.raises(ValueError, match="256 threads"):
+        SparseMlaConfig(64, 64, 1, 128, PIPE, 2)
+    cfg = choose_block(H200, FP8_RAW_512, 1056, 16, schedule=Schedule.WS)
+    assert (cfg.heads_per_cta, cfg.threads, cfg.name) == (64, 384, "ws-b64-h64")
+    cfg = choose_block(H200, BF16_512, 8192, 16, schedule=PIPE, threads=256)
+    assert (cfg.threads, cfg.stages, cfg.name) == (256, 2, "pipelined-b64-h16-s2-t256")
