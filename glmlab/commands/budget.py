@@ -1,6 +1,6 @@
 """glmlab budget: pool sizes and max running requests for a model, TP degree, dtypes and memory.
 
-    glmlab budget --scenario seed-final                    the seed's optimised decode (TP4)
+    glmlab budget --scenario reference-final          the reference deployment's optimised decode
     glmlab budget --model full --tp 4 --context-len 66560 --kv-dtype fp8 --state-dtype bf16 \\
         --device-gib 140.4 --mem-fraction 0.84 --weight-gib 80 --max-running-requests 132
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from glmlab.cache.budget import GIB, BudgetInputs, plan_budget
-from glmlab.cache.budget_report import budget_rows, seed_baseline, seed_final
+from glmlab.cache.budget_report import budget_rows, reference_baseline, reference_final
 from glmlab.cache.footprint import CacheFootprint
 from glmlab.cache.storage import CacheDtypes
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
@@ -23,8 +23,10 @@ from glmlab.config import ModelConfig
 from glmlab.presets import preset
 
 HELP = "print the memory budget: pool sizes, max running requests and why"
-SCENARIOS = {"seed-baseline": seed_baseline, "seed-final": seed_final,
-             "seed-final-kv-only": lambda: seed_final(slots_per_request=1)}
+# The published reference deployment's decode configurations (docs/reference-numbers.md section 0),
+# every pool derived from the model shape and dtypes (glmlab.cache.budget_report).
+SCENARIOS = {"reference-baseline": reference_baseline, "reference-final": reference_final,
+             "reference-final-kv-only": lambda: reference_final(slots_per_request=1)}
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn}
 
 
@@ -79,7 +81,8 @@ def _is_dir(spec: str) -> bool:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", choices=sorted(SCENARIOS),
-                   help="one of the seed's configurations (ignores the other flags)")
+                   help="one of the reference deployment's decode configurations (ignores the "
+                        "other flags)")
     p.add_argument("--json", action="store_true", help="print the pools and caps as JSON")
     add_dataclass_args(p, BudgetQuery)
 

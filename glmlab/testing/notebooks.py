@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -24,3 +25,24 @@ def run_notebook(name: str, timeout: int = 600) -> nbformat.NotebookNode:
         resources={"metadata": {"path": str(path.parent)}},
     ).execute()
     return nb
+
+
+PROBE_MARK = "__glmlab_probe__"
+
+
+def run_notebook_probe(name: str, probe: dict[str, str],
+                       timeout: int = 600) -> tuple[nbformat.NotebookNode, dict]:
+    """Run the notebook, then evaluate ``probe`` (name -> Python expression) in its kernel: the
+    values the notebook itself computed, for tests to check against an independent derivation
+    (rather than against text the notebook printed)."""
+    path = ROOT / "notebooks" / name
+    nb = nbformat.read(path, as_version=4)
+    exprs = ", ".join(f"{k!r}: ({v})" for k, v in probe.items())
+    nb.cells.append(nbformat.v4.new_code_cell(
+        f"import json as _json\nprint({PROBE_MARK!r} + _json.dumps({{{exprs}}}, default=str))"))
+    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    line = next(x for x in text.splitlines() if x.startswith(PROBE_MARK))
+    nb.cells.pop()
+    return nb, json.loads(line[len(PROBE_MARK):])

@@ -1,10 +1,10 @@
-"""The budget reproduces the seed's per-GPU decode accounting (TP4) and explains every cap.
+"""The budget derives the reference deployment's per-GPU decode pools (TP4) and explains every cap.
 
-What is derived from the model shape alone, and checked against the seed's figures (GiB):
-FP32 state over 56 slots (+1 padding) = 1.96; BF16 state over 414 (+1) = 7.37; 46.72 GiB of BF16
-KV holds 64 full-context requests (64K + 1K); 14.00 GiB of FP8 KV holds 36 without sharing and
-thousands with a 65,472-token shared prefix (Lp + N x Ls). The byte budgets themselves are the
-seed's pool sums (its static budget after weights is not published).
+Inputs are only what the deployment chose (device, static fraction, running limit, state slots,
+dtypes, context, shared prefix); weights, state per slot, KV per token, the ReplaySSM ring and
+hence every pool come from the model shape. The published figures are expected values:
+state pools exactly (1.96 / 7.37 GiB); KV pools from above, since SGLang also reserves memory for
+CUDA graphs and activations that it does not publish.
 """
 
 from __future__ import annotations
@@ -12,45 +12,88 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from glmlab.cache.budget import GIB, BudgetError, kv_bound, plan_budget
-from glmlab.cache.budget_report import seed_baseline, seed_final
+from glmlab.cache.budget_report import (
+    H200_BYTES,
+    REFERENCE_POOLS,
+    reference_baseline,
+    reference_final,
+    replayssm_ring_bytes,
+    weight_bytes,
+)
+from glmlab.presets import preset_config
+
+PUBLISHED_TEXT_BYTES = 327_199_517_560  # checkpoint total_size minus the vision tower
 
 
 def _gib(x: int) -> float:
     return round(x / GIB, 2)
 
 
-def test_seed_baseline_fp32_state_and_bf16_kv():
-    b = plan_budget(seed_baseline())
-    # 34 x (16x128x128x4 + 3x6144x2)
-    assert b.inputs.footprint.kda_state_bytes_per_slot == 36_904_960
-    assert b.num_state_slots == 57 and _gib(b.state_bytes) == 1.96
-    assert abs(b.kv_bytes / GIB - 46.72) < 0.01
-    assert b.inputs.footprint.kv_bytes_per_token == 11 * (1024 + 33)
-    assert b.max_running_requests == 56
+def test_weight_bytes_are_the_published_checkpoint_size():
+    cfg = preset_config("full")
+    assert weight_bytes(cfg, with_mtp=True) == PUBLISHED_TEXT_BYTES
+    per_gpu = weight_bytes(cfg, tp=4)
+    assert 74 * GIB < per_gpu < 75 * GIB  # without the MTP layer, over four GPUs
+    tiny = preset_config("tiny")
+    n = sum(p.numel() for p in _meta_model(tiny).parameters())
+    assert 2 * n <= weight_bytes(tiny) <= 4 * n  # bf16, a few fp32 vectors
+
+
+def _meta_model(cfg):
+    from glmlab.model.glm import GLM5Model
+
+    with torch.device("meta"):
+        return GLM5Model(cfg, with_mtp=False)
+
+
+def test_reference_baseline_pools_follow_from_device_and_weights():
+    x = reference_baseline()
+    b = plan_budget(x)
+    assert b.pool_bytes == int(H200_BYTES * 0.90) - weight_bytes(preset_config("full"), 4)
+    # 34 x (16x128x128x4 + 3x6144x2) per slot, 57 rows
+    assert x.footprint.kda_state_bytes_per_slot == 36_904_960
+    assert b.num_state_slots == 57
+    assert _gib(b.state_bytes) == REFERENCE_POOLS["baseline"]["recurrent + conv state"]
+    assert x.footprint.kv_bytes_per_token == 11 * (1024 + 33)
+    published_kv = REFERENCE_POOLS["baseline"]["target KV"]
+    assert published_kv < b.kv_bytes / GIB < 1.10 * published_kv  # minus SGLang's reserve
     caps = {c.kind: c.value for c in b.caps}
-    assert caps == {"requested": 56, "state-bound": 56, "KV-bound": 64}
-    assert not b.overcommitted
+    assert caps["requested"] == caps["state-bound"] == 56 == b.max_running_requests
+    # the 56 full-context (64K + 1K) requests fit in the derived KV, as in the deployment
+    assert caps["KV-bound"] >= 56 and not b.overcommitted
+    assert kv_bound(round(published_kv * GIB / (64 * x.footprint.kv_bytes_per_token)),
+                    x.context_len, 0, 64) >= 56
 
 
-def test_seed_final_bf16_state_fp8_kv_draft_kv_and_sharing():
-    b = plan_budget(seed_final())
-    assert b.inputs.footprint.kda_state_bytes_per_slot == 19_079_168  # BF16 halves the state
-    assert b.num_state_slots == 415 and _gib(b.state_bytes) == 7.37
-    assert b.inputs.footprint.kv_bytes_per_token == 11 * (528 + 33)
-    assert abs(b.kv_bytes / GIB - 14.00) < 0.02 and abs(b.draft_kv_bytes / GIB - 11.96) < 0.02
+def test_reference_final_state_ring_and_kv_split():
+    x = reference_final()
+    b = plan_budget(x)
+    assert x.footprint.kda_state_bytes_per_slot == 19_079_168  # BF16 halves the state
+    assert b.num_state_slots == 415
+    assert _gib(b.state_bytes) == REFERENCE_POOLS["final"]["recurrent + conv state"]
+    assert x.footprint.kv_bytes_per_token == 11 * (528 + 33)
+    # docs/techniques.md section 2: 394,240 B per layer and slot, ~5.2 GiB over 415 slots
+    assert replayssm_ring_bytes(preset_config("full"), 4) == 34 * 394_240
+    assert 5.1 < b.spec_bytes / GIB < 5.3
+    ref = REFERENCE_POOLS["final"]
+    ours_kv, published = (b.kv_bytes + b.draft_kv_bytes) / GIB, ref["target KV"] + ref["draft KV"]
+    assert published < ours_kv < 1.25 * published  # minus SGLang's reserve and draft weights
+    split, ref_split = b.draft_kv_bytes / b.kv_bytes, ref["draft KV"] / ref["target KV"]
+    assert abs(split - ref_split) / ref_split < 0.05  # same slots, bytes per token as derived
     caps = {c.kind: c.value for c in b.caps}
     assert caps["state-bound"] == 414 // 3 - 6 == 132 == b.max_running_requests
-    assert caps["KV-bound"] > 2000  # Lp + N x Ls
-    assert kv_bound(b.num_pages - 1, b.inputs.context_len, 0, 64) == 36  # N x (Lp + Ls)
-    assert "no sharing: 36" in b.table()
+    unshared = kv_bound(b.num_pages - 1, x.context_len, 0, 64)
+    assert unshared < 132 < caps["KV-bound"]  # only the shared prefix makes 132 fit
+    assert f"no sharing: {unshared}" in b.table()
 
 
 def test_kv_only_tree_needs_one_state_slot_per_request():
-    b = plan_budget(seed_final(slots_per_request=1))
+    b = plan_budget(reference_final(slots_per_request=1))
     assert b.num_state_slots == 139 and b.max_running_requests == 132
-    assert b.kv_bytes > plan_budget(seed_final()).kv_bytes  # the freed state memory becomes KV
+    assert b.kv_bytes > plan_budget(reference_final()).kv_bytes  # freed state becomes KV
 
 
 def test_kv_bound_is_lp_plus_n_ls_page_rounded():
@@ -61,22 +104,22 @@ def test_kv_bound_is_lp_plus_n_ls_page_rounded():
 
 
 def test_auto_sizing_fits_full_context_requests_and_states():
-    x = dataclasses.replace(seed_baseline(), max_running_requests=None, state_slots=None)
+    x = dataclasses.replace(reference_baseline(), max_running_requests=None, state_slots=None)
     b = plan_budget(x)
     caps = {c.kind: c.value for c in b.caps}
-    assert b.max_running_requests == caps["state-bound"] == caps["KV-bound"] == 64
+    n = b.max_running_requests
+    assert n == caps["state-bound"] == caps["KV-bound"] > 56
     per_request = 1040 * 64 * x.footprint.kv_bytes_per_token + x.footprint.state_bytes_per_slot
-    assert b.pool_bytes < 65 * per_request  # a 65th full-context request would not fit
+    assert b.pool_bytes < (n + 1) * per_request  # one more full-context request would not fit
 
 
-def test_device_memory_mem_fraction_and_weights():
-    x = dataclasses.replace(seed_baseline(), byte_budget=None, device_bytes=140 * GIB,
-                            mem_fraction=0.9, weight_bytes=76 * GIB)
-    assert plan_budget(x).pool_bytes == int(140 * GIB * 0.9) - 76 * GIB
+def test_byte_budget_overrides_device_memory():
+    x = dataclasses.replace(reference_baseline(), byte_budget=40 * GIB)
+    assert plan_budget(x).pool_bytes == 40 * GIB
 
 
 def test_overcommit_is_flagged_not_refused():
-    x = dataclasses.replace(seed_baseline(), max_running_requests=100, state_slots=None)
+    x = dataclasses.replace(reference_baseline(), max_running_requests=100, state_slots=None)
     b = plan_budget(x)
     assert b.max_running_requests == 100 and b.overcommitted
     assert "preempt" in b.table()
@@ -84,9 +127,9 @@ def test_overcommit_is_flagged_not_refused():
 
 def test_impossible_budgets_say_why():
     with pytest.raises(BudgetError, match="cannot hold one request"):
-        plan_budget(dataclasses.replace(seed_baseline(), byte_budget=GIB // 2,
+        plan_budget(dataclasses.replace(reference_baseline(), byte_budget=GIB // 2,
                                         max_running_requests=None, state_slots=None))
     with pytest.raises(BudgetError, match="no room for KV"):
-        plan_budget(dataclasses.replace(seed_baseline(), byte_budget=GIB))
+        plan_budget(dataclasses.replace(reference_baseline(), byte_budget=GIB))
     with pytest.raises(BudgetError, match="byte budget"):
-        plan_budget(dataclasses.replace(seed_baseline(), byte_budget=None))
+        plan_budget(dataclasses.replace(reference_baseline(), device_bytes=None))

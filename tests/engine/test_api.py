@@ -67,10 +67,10 @@ def test_trace_exports_jsonl_and_chrome(llm, tmp_path):
     assert all(e["dur"] >= 0 for e in chrome["traceEvents"] if e["ph"] == "X")
 
 
-def test_budget_command_prints_the_seed_table(capsys):
-    assert cli(["budget", "--scenario", "seed-final"]) == 0
+def test_budget_command_prints_the_reference_table(capsys):
+    assert cli(["budget", "--scenario", "reference-final"]) == 0
     out = capsys.readouterr().out
-    assert "7.37" in out and "max running requests: 132" in out and "no sharing: 36" in out
+    assert "7.37" in out and "max running requests: 132" in out and "no sharing: 44" in out
     assert cli(["budget", "--model", "tiny", "--context-len", "512", "--byte-budget-gib", "0.01",
                 "--kv-dtype", "fp32", "--index-dtype", "fp32", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
