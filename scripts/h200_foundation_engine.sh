@@ -5,7 +5,7 @@
 #
 #   OUT=/some/dir bash scripts/h200_foundation_engine.sh
 #
-# Needs .devpack/{fla,tilelang}.tar.xz (../shared/tools/devpack fla tilelang). Each stage has its own
+# Needs .devpack/{fla,tilelang}.tar.xz (bash scripts/devpack.sh fla tilelang). Each stage has its own
 # time limit so a slow stage cannot take the later ones with it; results land under $OUT.
 set -u
 export PYTHONUNBUFFERED=1 GLMLAB_CACHE_DIR=/tmp/glmcache FLA_TILELANG=0

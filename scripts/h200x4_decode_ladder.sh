@@ -12,7 +12,7 @@
 #       CPU: tiny model, 2 gloo ranks, small pools, torch ops (checks the rungs, not the numbers)
 #
 # One stage per device call (each stays under the 10-minute limit: ~2 min to draw the shards, then
-# ~1-2 min per rung). Carry .devpack (../shared/tools/devpack fla tilelang). Rows go to
+# ~1-2 min per rung). Carry .devpack (bash scripts/devpack.sh fla tilelang). Rows go to
 # $OUT/tp-decode-h200x4-<stage>.jsonl, each with the seed's figures beside ours.
 #
 # Workload (the seed's): 64K input + 1K output, 99.9% of the input shared by every request, client
