@@ -8,7 +8,7 @@ in that layout, so a trained weight means exactly what the engine will compute w
 
 - KDA: the causal short conv over the window from a zero state, then the ``kda_prefill`` backend
   over B sequences of T tokens (fla's ``chunk_kda``, which has a backward, on a GPU; the torch
-  chunked reference on a CPU), then the gated output norm.
+  chunked reference, run as one [B, T] batch, on a CPU), then the gated output norm.
 - DSA: absorbed MLA logits q~ . c over the window. Each query keeps what ``select_ref`` keeps at
   inference (the top ``index_topk / kpool`` complete pools by indexer score, plus the incomplete
   tail), or every causal position in ``dense`` mode. The indexer learns from its own loss: the KL
@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from glmlab.kernels.dsa.ref import candidate_mask, pool_keys_ref, select_ref
-from glmlab.kernels.kda.ref import kda_gate_ref
+from glmlab.kernels.kda.ref import kda_chunk_ref, kda_gate_ref
+from glmlab.model import torch_ops
 from glmlab.model.dsa import DSAttention
 from glmlab.model.kda import KDAttention
 
@@ -42,8 +43,11 @@ def kda_train(m: KDAttention, h: torch.Tensor) -> torch.Tensor:
     y = F.silu(F.conv1d(padded, w[:, None, :], groups=w.shape[0])).transpose(1, 2).to(qkv.dtype)
     q, kk, v = m._split_heads(y)  # [B, T, H, K] each; q, k normalised in fp32
     states = q.new_zeros(b, k.num_heads, k.head_dim, k.head_dim, dtype=torch.float32)
-    cu = torch.arange(0, (b + 1) * t, t, device=h.device)
-    o, _ = m.prefill_op(*(x.flatten(0, 1) for x in (q, kk, v, g, beta)), states, cu)
+    if m.prefill_op is torch_ops.kda_prefill:  # equal windows: the reference takes them as a batch
+        o, _ = kda_chunk_ref(q, kk, v, g, beta, states)
+    else:
+        cu = torch.arange(0, (b + 1) * t, t, device=h.device)
+        o, _ = m.prefill_op(*(x.flatten(0, 1) for x in (q, kk, v, g, beta)), states, cu)
     gate = m.g_b_proj(m.g_a_proj(h)).unflatten(-1, (k.num_heads, k.head_dim))
     o = o.view(b, t, k.num_heads, k.head_dim).to(h.dtype)
     return m.o_proj(m._gated_norm(o, gate).flatten(2))

@@ -85,31 +85,38 @@ def build_draft(target: GLM5Model, cfg: DraftTrainConfig, dtype: torch.dtype) ->
     return init_random_draft_(draft.float(), cfg.seed).to(dtype)
 
 
+def block_hidden(draft: DFlashDraftModel, embed: torch.nn.Module, feats: torch.Tensor,
+                 tokens: torch.Tensor, row: torch.Tensor, n: torch.Tensor, block: int
+                 ) -> torch.Tensor:
+    """Draft hidden states [BA, block, D] of blocks anchored at n (window ``row``), from the
+    windows' captured target features ``feats`` [B, T, F] and ``tokens`` [B, T]."""
+    t = tokens.shape[1]
+    pos = torch.arange(t, device=tokens.device)
+    ctx = draft.hidden_norm(draft.fc(feats.to(draft.fc.weight.dtype)))  # context_kv's maths
+    kv = [layer.self_attn.kv(ctx, pos) for layer in draft.layers]  # [B, T, HKV, Dh] each
+    positions = n[:, None] + torch.arange(block, device=tokens.device)
+    ids = torch.full_like(positions, draft.cfg.mask_token_id)
+    ids[:, 0] = tokens[row, n]
+    x = embed(ids)
+    valid = pos[None, :] < n[:, None]  # [BA, T]: the committed context of each block
+    for i, layer in enumerate(draft.layers):
+        x = layer(x, positions, kv[i][0][row], kv[i][1][row], valid)
+    return draft.norm(x)
+
+
 def draft_losses(target: GLM5Model, draft: DFlashDraftModel, tokens: torch.Tensor,
                  block: int, anchors: int, slot_decay: float, gen: torch.Generator
                  ) -> dict[str, torch.Tensor]:
     """tokens [B, T] -> block cross entropy (slot-weighted) and the selector's loss."""
-    c = draft.cfg
     b, t = tokens.shape
     device = tokens.device
     with torch.no_grad():
-        _, feats, _ = target_forward(target, tokens, capture_layers=c.target_layer_ids)
-    ctx = draft.hidden_norm(draft.fc(torch.cat(feats, dim=-1).to(draft.fc.weight.dtype)))
-    pos = torch.arange(t, device=device)
-    kv = [layer.self_attn.kv(ctx, pos) for layer in draft.layers]  # [B, T, HKV, Dh] each
-    n = torch.randint(1, t - block + 1, (b, anchors), generator=gen).to(device)  # anchors
+        _, feats, _ = target_forward(target, tokens, capture_layers=draft.cfg.target_layer_ids)
+    n = torch.randint(1, t - block + 1, (b * anchors,), generator=gen).to(device)
     row = torch.arange(b, device=device).repeat_interleave(anchors)
-    n = n.flatten()
-    offs = torch.arange(block, device=device)
-    truth = tokens[row[:, None], n[:, None] + offs]  # [BA, block]: anchor, then the targets
-    ids = truth.clone()
-    ids[:, 1:] = c.mask_token_id
-    x = target.embed_tokens(ids)
-    positions = n[:, None] + offs
-    valid = pos[None, :] < n[:, None]  # [BA, T]: the committed context of each block
-    for i, layer in enumerate(draft.layers):
-        x = layer(x, positions, kv[i][0][row], kv[i][1][row], valid)
-    hidden = draft.norm(x)[:, 1:]  # [BA, block-1, D]
+    truth = tokens[row[:, None], n[:, None] + torch.arange(block, device=device)]  # anchor, then
+    hidden = block_hidden(draft, target.embed_tokens, torch.cat(feats, dim=-1), tokens, row, n,
+                          block)[:, 1:]  # [BA, block-1, D]: the mask slots
     logits = target.logits(hidden)  # fp32 [BA, E, V]
     w = torch.exp(-torch.arange(block - 1, device=device, dtype=torch.float32) / slot_decay)
     ce = F.cross_entropy(logits.flatten(0, 1), truth[:, 1:].flatten(), reduction="none")
@@ -128,8 +135,10 @@ def _selector_loss(draft: DFlashDraftModel, logits, hidden, truth) -> torch.Tens
     edge = torch.einsum("ner,nekr->nek", sel.pred_codebook.float()[pred] * ph,
                         sel.succ_codebook.float()[cand])
     hit = cand == truth[:, 1:, None]  # [BA, E, K]
-    label = torch.where(hit.any(-1), hit.float().argmax(-1), -100)
-    return F.cross_entropy((unary + edge).flatten(0, 1), label.flatten(), ignore_index=-100)
+    label = torch.where(hit.any(-1), hit.float().argmax(-1), -100).flatten()
+    loss = F.cross_entropy((unary + edge).flatten(0, 1), label, ignore_index=-100,
+                           reduction="sum")
+    return loss / (label >= 0).sum().clamp(min=1)  # 0 (not NaN) when no true token is a candidate
 
 
 def train_draft(cfg: DraftTrainConfig, show_progress: bool = True) -> Path:

@@ -26,7 +26,6 @@ import math
 import random
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -192,15 +191,20 @@ def next_line_match(scorer: Scorer, tok: Tokenizer, files: list[Path], count: in
 
 def byte_unigram_bpb(train: list[str], evaluate: list[str]) -> float:
     """Cross entropy (bits/byte) of ``evaluate`` under train's byte frequencies (add-one)."""
-    counts = Counter()
-    for t in train:
-        counts.update(t.encode())
-    total = sum(counts.values()) + 256
-    logp = {b: math.log2((counts.get(b, 0) + 1) / total) for b in range(256)}
-    data = Counter()
-    for t in evaluate:
-        data.update(t.encode())
-    return -sum(n * logp[b] for b, n in data.items()) / sum(data.values())
+    counts = _byte_counts(train) + 1
+    logp = (counts / counts.sum()).log2()
+    data = _byte_counts(evaluate)
+    return float(-(data * logp).sum() / data.sum())
+
+
+def _byte_counts(texts: list[str]) -> torch.Tensor:
+    total = torch.zeros(256, dtype=torch.float64)
+    for t in texts:
+        raw = t.encode()
+        if raw:
+            total += torch.frombuffer(bytearray(raw), dtype=torch.uint8).long().bincount(
+                minlength=256).double()
+    return total
 
 
 def evaluate(model: str, files: list[Path], engine: EngineConfig, weights: str = "bf16",
