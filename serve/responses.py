@@ -109,20 +109,21 @@ class SglangRenderer(Renderer):
 
 
 class _OpenAIRenderer(Renderer):
-    kind = ""
+    prefix, kind, chunk_kind = "", "", ""  # id prefix, object of an answer, of a stream chunk
 
-    def _head(self) -> dict:
-        return {"id": f"{self.prefix}-{self.req.rid}", "object": self.kind,
-                "created": self.created, "model": self.model}
-
-    prefix = ""
+    def _head(self, stream: bool = False) -> dict:
+        return {"id": f"{self.prefix}-{self.req.rid}",
+                "object": self.chunk_kind if stream else self.kind, "created": self.created,
+                "model": self.model}
 
     def tail(self, r: Result) -> list[dict]:
-        return [{**self._head(), "choices": [], "usage": r.usage()}] if self.include_usage else []
+        if not self.include_usage:
+            return []
+        return [{**self._head(stream=True), "choices": [], "usage": r.usage()}]
 
 
 class CompletionRenderer(_OpenAIRenderer):
-    kind, prefix = "text_completion", "cmpl"
+    prefix, kind, chunk_kind = "cmpl", "text_completion", "text_completion"
 
     def _logprobs(self, r: Result) -> dict | None:
         if not self.req.return_logprob:
@@ -145,12 +146,12 @@ class CompletionRenderer(_OpenAIRenderer):
     def chunk(self, r: Result) -> dict | None:
         if not r.delta and r.finish_reason is None:
             return None
-        return {**self._head(), "choices": [{"index": 0, "text": r.delta, "logprobs": None,
-                                             "finish_reason": r.openai_finish()}]}
+        return {**self._head(stream=True), "choices": [{
+            "index": 0, "text": r.delta, "logprobs": None, "finish_reason": r.openai_finish()}]}
 
 
 class ChatRenderer(_OpenAIRenderer):
-    kind, prefix = "chat.completion", "chatcmpl"
+    prefix, kind, chunk_kind = "chatcmpl", "chat.completion", "chat.completion.chunk"
 
     def whole(self, r: Result) -> dict:
         choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
@@ -161,20 +162,13 @@ class ChatRenderer(_OpenAIRenderer):
                 for lp in r.logprobs]}
         return {**self._head(), "choices": [choice], "usage": r.usage()}
 
-    def _chunk_head(self) -> dict:
-        return {**self._head(), "object": "chat.completion.chunk"}
-
     def head(self) -> list[dict]:
-        return [{**self._chunk_head(), "choices": [{
+        return [{**self._head(stream=True), "choices": [{
             "index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}]
 
     def chunk(self, r: Result) -> dict | None:
         if not r.delta and r.finish_reason is None:
             return None
         delta = {"content": r.delta} if r.delta else {}
-        return {**self._chunk_head(), "choices": [{"index": 0, "delta": delta,
-                                                   "finish_reason": r.openai_finish()}]}
-
-    def tail(self, r: Result) -> list[dict]:
-        return [{**self._chunk_head(), "choices": [], "usage": r.usage()}] \
-            if self.include_usage else []
+        return {**self._head(stream=True), "choices": [{"index": 0, "delta": delta,
+                                                        "finish_reason": r.openai_finish()}]}
