@@ -61,23 +61,21 @@ collect() {  # name rc: append that process's log to pytest_gpu.txt, record its 
   rm -f "$OUT/pytest_$1.txt"; status "tests-$1" "$2"
 }
 T=tests/kernels/dsa
-stamp "tests: ws 64 heads | pipelined 16 heads 256 threads (2 | 3 stages) | the rest, side by side"
+stamp "tests: ws 64 heads | pipelined 16 heads 256 threads | the rest, side by side"
 # The two round-2 variants run in their own processes with short limits: a hang (round 1's ws
 # kernels hung) costs only its own stage. The rule's pick runs only measured, tested schedules.
 gpu_tests ws64 50 $T/test_sparse_mla_tilelang.py -k "ws-b64-h64" & P1=$!
-gpu_tests t256 50 $T/test_sparse_mla_tilelang.py -k "s2-t256" & P2=$!
-gpu_tests s3 50 $T/test_sparse_mla_tilelang.py -k "s3-t256" & P4=$!
+gpu_tests t256 50 $T/test_sparse_mla_tilelang.py -k "t256" & P2=$!
 gpu_tests others 120 $T/test_sparse_mla_tilelang.py $T/test_indexer_triton.py \
   $T/test_backend_parity.py -k "not ws-b64 and not t256" & P3=$!
-wait $P1; WS64=$?; wait $P2; T256=$?; wait $P4; S3=$?; wait $P3; OTHERS=$?
-collect ws64 $WS64; collect t256 $T256; collect s3 $S3; collect others $OTHERS
+wait $P1; WS64=$?; wait $P2; T256=$?; wait $P3; OTHERS=$?
+collect ws64 $WS64; collect t256 $T256; collect others $OTHERS
 
 # A schedule whose tests failed is left out of the benchmark (a hang would take the run with it).
 variants() {
   local v="rule,pipelined,v1,sglang"
   [ "$WS64" = 0 ] && v="$v,ws"
   [ "$T256" = 0 ] && v="$v,pipelined-t256"
-  [ "$S3" = 0 ] && v="$v,pipelined-s3-t256"
   echo "$v"
 }
 bench() {  # name limit args...

@@ -68,8 +68,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shapes", default="1056x16,128x16,8192x16,8192x64,32768x16,32768x64",
                    help="MxH query rows x heads")
     p.add_argument("--layouts", default="bf16,fp8_raw,fp8_scaled")
-    p.add_argument("--variants",
-                   default="rule,ws,pipelined,pipelined-t256,pipelined-s3-t256,v1,sglang")
+    p.add_argument("--variants", default="rule,ws,pipelined,pipelined-t256,v1,sglang")
     p.add_argument("--sglang", default="", help="sglang's dsa/tilelang_kernel.py (peer)")
     p.add_argument("--context", type=int, default=16384, help="tokens per decode request")
     p.add_argument("--prefill-context", type=int, default=65536)
@@ -187,9 +186,6 @@ def our_configs(arch: GpuArch, lay: MlaKVLayout, m: int, h: int, names: list[str
         if "pipelined-t256" in names and h % 64:  # 16-head CTAs with eight warps
             out["pipelined-t256"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED,
                                                  threads=256)
-        if "pipelined-s3-t256" in names and h % 64:  # and two tiles in flight (208 KB smem)
-            out["pipelined-s3-t256"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED,
-                                                    threads=256, stages=3)
     if "v1" in names:
         out["v1"] = choose_block_v1(arch, lay, m, h)
     seen, unique = set(), {}
@@ -344,8 +340,6 @@ def precompile_everything(args, arch: GpuArch) -> int:
                  (Schedule.PIPELINED, 64, 64, 256)] if fmt is KVFormat.BF16 else []):
             stages = 1 if sched is Schedule.SERIAL else 2
             jobs.add((lay, SparseMlaConfig(block, hpc, 1, threads, sched, stages)))
-    jobs.add((MlaKVLayout(KVFormat.BF16, RANK), SparseMlaConfig(64, 16, 1, 256,
-                                                               Schedule.PIPELINED, 3)))
     for rank in (32, 64):
         jobs.add((MlaKVLayout(KVFormat.FP8_SCALED, rank), SparseMlaConfig(32, 16, 1, 128)))
     return sm.precompile(sorted(jobs, key=repr))

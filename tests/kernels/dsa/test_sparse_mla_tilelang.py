@@ -130,8 +130,6 @@ SHAPES = [(Schedule.SERIAL, 32, 1, 16, 1, 2112, None), (Schedule.SERIAL, 32, 1, 
           (Schedule.PIPELINED, 64, 2, 16, 1, 2051, None),
           (Schedule.PIPELINED, 64, 2, 16, 1, 2051, 256),
           (Schedule.PIPELINED, 64, 2, 16, 4, 33, 256),
-          (Schedule.PIPELINED, 64, 3, 16, 1, 2051, 256),
-          (Schedule.PIPELINED, 64, 3, 16, 3, 300, 256),
           (Schedule.PIPELINED, 64, 2, 64, 2, 300, None),
           (Schedule.PIPELINED, 64, 2, 64, 4, 33, None)]
 CASES = [
