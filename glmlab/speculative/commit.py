@@ -91,6 +91,27 @@ class SpecStateStore:
                                    states)
         return o.flatten(0, 1), states  # the committed state is not advanced
 
+    def record_kda_steps(self, layer: int, slots: torch.Tensor, k, v, g, beta) -> bool:
+        """REPLAY mode: record the window's recurrence inputs (k, g, v [T, H, *], beta [T, H])
+        and return True, so the caller computes the outputs without advancing the state (a fused
+        kernel does). SNAPSHOT mode returns False: it needs the post-step states of
+        ``kda_recurrence``."""
+        if self.mode is not CommitMode.REPLAY:
+            return False
+        n = slots.shape[0]
+        d = self._window(k.shape[0], n)
+        self.recurrence.record(layer, self.rows(slots), *(t.view(n, d, *t.shape[1:])
+                                                          for t in (k, v, g, beta)))
+        return True
+
+    def record_index_rows_batched(self, layer: int, slots: torch.Tensor, held: torch.Tensor,
+                                  rows: torch.Tensor) -> None:
+        """``record_index_rows`` for N requests at once, without host lengths: rows
+        [N, kpool-1+D, 2*DI] (each request's held rows first), held [N] on the device."""
+        r = self.rows(slots)
+        self.index_rows[layer][r, : rows.shape[1]] = rows.to(self.index_rows[layer].dtype)
+        self.index_held[r] = held.to(self.index_held.dtype)
+
     def record_index_rows(self, layer: int, slot: torch.Tensor, held: int,
                           rows: torch.Tensor) -> None:
         row = self.rows(slot)

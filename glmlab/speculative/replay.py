@@ -88,13 +88,17 @@ class ReplayRing:
                states: torch.Tensor) -> torch.Tensor:
         """q, k, g [N, D, H, K], v [N, D, H, V], beta [N, D, H]; returns o [N, D, H, V] fp32.
         ``rows``: this store's rows of the N requests."""
+        self.record(layer, rows, k, v, g, beta)
+        o, _ = kda_recurrent_ref(q, k, v, g, beta, states)
+        return o
+
+    def record(self, layer: int, rows: torch.Tensor, k, v, g, beta) -> None:
+        """Store the window's step inputs only (a fused kernel computes the outputs)."""
         d = k.shape[1]
         self.k[layer][rows, :d] = k.float()
         self.g[layer][rows, :d] = g.float()
         self.v[layer][rows, :d] = v.to(self.v[layer].dtype)
         self.beta[layer][rows, :d] = beta.to(self.beta[layer].dtype)
-        o, _ = kda_recurrent_ref(q, k, v, g, beta, states)
-        return o
 
     def commit(self, layer: int, recurrent: torch.Tensor, slots: torch.Tensor,
                rows: torch.Tensor, commit_lens: torch.Tensor) -> None:

@@ -118,3 +118,23 @@ def test_triton_backends_on_fp8_weights_follow_the_w8a8_recipe(tiny_fp8_dir):
     assert _rel(fast[0], w8a8[0]) < 1e-2, _rel(fast[0], w8a8[0])
     assert _rel(fast[0], w8a8[0]) < 0.5 * _rel(fast[0], weight_only[0])
     assert 1e-4 < _rel(fast[0], weight_only[0]) < 5e-2
+
+
+def test_speculative_verify_on_triton_backends_is_lossless(tiny_dir):
+    """MTP drafts verified in uniform windows on the fused paths (REPLAY: the recorder takes the
+    recurrence inputs, the in-place window kernel runs without storing the state, the indexer
+    rows are recorded batched) emit exactly the torch path's plain greedy tokens."""
+    from glmlab.core import SamplingParams
+    from glmlab.speculative.cycle import SpecDecoder
+    from glmlab.speculative.layout import SessionLayout
+    from glmlab.speculative.mtp import MTPDrafter
+
+    prompts = {0: list(range(40, 62)), 1: list(range(100, 109))}
+    params = SamplingParams(max_new_tokens=4, ignore_eos=True)
+    plain = Session(load_model(tiny_dir, dtype=torch.float32), len(prompts), 48)
+    ref = {r: plain.generate(r, p, params) for r, p in prompts.items()}
+    model = load_model(tiny_dir, dtype=torch.float32).use_backends(Backends.triton())
+    session = Session(model, len(prompts), 48)
+    layout = SessionLayout(session)
+    dec = SpecDecoder(model, layout, MTPDrafter(model, layout, 3), "replay")
+    assert dec.generate(prompts, params) == ref
