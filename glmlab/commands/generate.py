@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 
+from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args, optional_dataclass_from_args
-from glmlab.engine.config import EngineConfig
-from glmlab.engine.llm import LLM
 from glmlab.core import SamplingParams
+from glmlab.engine.config import EngineConfig
+from glmlab.engine.engine import Engine
+from glmlab.engine.llm import LLM
 from glmlab.model.backends import Backends
 from glmlab.speculative.config import SpecConfig
+from glmlab.tokenizer import Tokenizer
 
 HELP = "generate a continuation (greedy by default) from --prompt or --prompt-ids"
 _ENGINE_EXCLUDE = ("device", "dtype", "seed", "print_budget")
@@ -49,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
               if f not in _ENGINE_EXCLUDE and hasattr(args, f)}
     engine["backends"] = dataclass_from_args(Backends, args, prefix="backends-")
     engine["speculative"] = optional_dataclass_from_args(SpecConfig, args, "speculative-")
+    path = resolve_model(args.model)
+    if args.prompt_ids is not None and Tokenizer.from_dir_optional(path) is None:
+        return _ids_only(args, engine, _prompt_ids(args), params)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, print_budget=False, **engine)
     prompt = _prompt_ids(args)
     if not prompt:
@@ -68,4 +74,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"speculative{sim}: {spec['cycles']} cycles, acceptance length "
                   f"{spec['accept_len']:.2f}, {spec['ms_per_accepted_token']:.2f} ms per "
                   "accepted token", file=sys.stderr)
+    return 0
+
+
+def _ids_only(args: argparse.Namespace, engine: dict, prompt: list[int], params) -> int:
+    """A checkpoint without tokenizer.json (e.g. a bare ``save_pretrained``): ids in, ids out
+    through the engine itself; the JSON ``text`` is null."""
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    eng = Engine.from_pretrained(args.model, EngineConfig(device=args.device, dtype=args.dtype,
+                                                          print_budget=False, **engine))
+    rid = eng.add_request(prompt, params)
+    while not any(o.rid == rid and o.finished for o in eng.step()):
+        pass
+    ids = list(eng.request(rid).output_ids)
+    print(json.dumps({"output_ids": ids, "text": None}) if args.json else ",".join(map(str, ids)))
     return 0

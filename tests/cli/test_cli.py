@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -99,3 +100,19 @@ def test_bad_input_is_a_clear_error(tiny_dir, args, message):
 def test_missing_model_is_a_clear_error(tmp_path):
     r = _glmlab("generate", "--model", str(tmp_path / "nope"), "--prompt", "x")
     assert r.returncode == 2 and "neither a checkpoint directory nor a preset" in r.stderr
+
+
+def test_prompt_ids_need_no_tokenizer(tiny_dir, tmp_path):
+    bare = tmp_path / "bare"  # a checkpoint as a bare save_pretrained leaves it: no tokenizer
+    shutil.copytree(tiny_dir, bare)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (bare / name).unlink()
+    r = _glmlab("generate", "--model", str(bare), "--prompt-ids", "5,6,7", "--max-new-tokens",
+                "4", "--ignore-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    ref = Session(load_model(bare, dtype=torch.float32), max_len=8).generate(
+        0, [5, 6, 7], SamplingParams(max_new_tokens=4, ignore_eos=True))
+    assert got == {"output_ids": ref, "text": None}
+    r = _glmlab("generate", "--model", str(bare), "--prompt", "hi", "--max-new-tokens", "2")
+    assert r.returncode == 2 and "tokenizer.json" in r.stderr
