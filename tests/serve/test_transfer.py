@@ -6,7 +6,6 @@ import multiprocessing as mp
 import os
 import time
 
-import numpy as np
 import pytest
 import torch
 
