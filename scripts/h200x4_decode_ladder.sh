@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8 on four H200s (kind nvidia-h200-x4): the seed's decode ladder at TP4/EP4 and its prefill
+# Issue 8 on four H200s (kind nvidia-h200-x4): the reference deployment's decode ladder at TP4/EP4 and its prefill
 # point at TP4, full size, random weights in the real FP8 layout (~80 GB per GPU). Each rank draws
 # its own shard on its GPU (glmlab.distributed.random_shard: the 320 GB checkpoint fits neither the
 # 235 GiB disk nor one GPU), so nothing is written to disk but the small DFlash2 draft.
@@ -13,18 +13,18 @@
 #
 # One stage per device call (each stays under the 10-minute limit: ~2 min to draw the shards, then
 # ~1-2 min per rung). Carry .devpack (bash scripts/devpack.sh fla tilelang). Rows go to
-# $OUT/tp-decode-h200x4-<stage>.jsonl, each with the seed's figures beside ours.
+# $OUT/tp-decode-h200x4-<stage>.jsonl, each with the reference deployment's figures beside ours.
 #
-# Workload (the seed's): 64K input + 1K output, 99.9% of the input shared by every request, client
+# Workload (the reference deployment's): 64K input + 1K output, 99.9% of the input shared by every request, client
 # concurrency just above the running-request limit (the engine's limit + 4; in the LocalPD rungs,
 # the decode engine's limit, since requests enter as it has room). NUM_PROMPTS requests per rung.
-# Acceptance is simulated at the seed's lengths: DFlash2 block 8 -> 7.03, MTP718 -> 7.37; MTP516
-# (not given by the seed) -> 5.66, the same per-draft acceptance (0.976) over 5 drafts.
+# Acceptance is simulated at the reference deployment's lengths: DFlash2 block 8 -> 7.03, MTP718 -> 7.37; MTP516
+# (not given by the reference deployment) -> 5.66, the same per-draft acceptance (0.976) over 5 drafts.
 #
-# Where the ladder cannot be the seed's exactly (see the rung notes): glmlab has no CUDA graphs, so
-# decode steps pay Python and launch overhead the seed does not; imported (PD) requests decode
+# Where the ladder cannot be the reference deployment's exactly (see the rung notes): glmlab has no CUDA graphs, so
+# decode steps pay Python and launch overhead the reference deployment does not; imported (PD) requests decode
 # without speculation, so speculative rungs run in one mixed engine whose kv_and_state radix
-# computes the shared prefix once (the seed's decode instance gets it from prefill instances);
+# computes the shared prefix once (the reference deployment's decode instance gets it from prefill instances);
 # "tuned MoE + DSA tiles" has no switch of its own: the Triton MoE reads the tuned H200 tables of
 # the per-rank shape (kernels/moe/configs/moe-*-E72-...: 288/4 local experts) in every rung, and
 # the TileLang sparse-MLA kernel picks its KV tile for 16 heads per rank.

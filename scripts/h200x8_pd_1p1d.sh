@@ -2,7 +2,7 @@
 # Issue 9 on eight H200s (kind nvidia-h200-x8): 1P1D, one prefill instance on cuda:0-3 (TP4) and one
 # decode instance on cuda:4-7 (TP4/EP4), NIXL WRITE between them (UCX cuda_ipc), sglang-router in
 # front; glmlab bench drives 64K/1K generated-shared-prefix workloads at 0%, 50% and 93.75% shared
-# prefix under the seed's limits (mean TTFT < 6 s, TPOT < 25 ms).
+# prefix under the reference deployment's limits (mean TTFT < 6 s, TPOT < 25 ms).
 #
 #   OUT=/dir bash scripts/h200x8_pd_1p1d.sh     (carry .pdpack (nixl devpack), .whl (serving wheels),
 #                                                .devpack (fla, tilelang))
@@ -64,7 +64,7 @@ for i in $(seq 1 260); do
 done
 curl -s http://127.0.0.1:30000/readiness; echo
 
-# The seed's three 3P1D workloads, one prefill instance here: 64K/1K, shared prefix 0%, 50%,
+# The reference deployment's three 3P1D workloads, one prefill instance here: 64K/1K, shared prefix 0%, 50%,
 # 93.75% (system prompt 0 / 32,768 / 61,440 tokens + question), concurrency from the SLO search.
 for SHARE in 0 32768 61440; do
   stamp "bench shared prefix $SHARE"

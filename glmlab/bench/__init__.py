@@ -5,7 +5,7 @@
 - ``spec``: speculative cycle phase times (MTP vs DFlash2);
 - ``model``: prefill / decode of the bare model per backend;
 - ``ops`` (``ops_moe``, ``ops_dsa``, ``ops_cp``): kernel and CP-prefill timings; ``cp_report``
-  reads the CP rows next to the seed's prefill ladder;
+  reads the CP rows next to the reference deployment's prefill ladder;
 - ``serving``, ``client``, ``workloads``, ``metrics``: ``glmlab bench`` against an HTTP server;
 - ``routing``: MoE routing samples captured from a model run (for ``glmlab tune moe``).
 """

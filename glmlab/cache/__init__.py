@@ -5,5 +5,5 @@ KDA layers, and how they are shared and sized.
 - ``pools``: free lists with reference counts; ``radix``: the page-granular prefix tree;
 - ``hybrid``: ``HybridCache``, the one API the scheduler uses;
 - ``spec``, ``budget``, ``budget_report``: bytes per token and slot, pool sizes, caps,
-  the seed's table.
+  the reference deployment's table.
 """

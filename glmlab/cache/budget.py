@@ -15,7 +15,7 @@ it into a widget. Accounting (per GPU), after SGLang's pool configurator (docs/t
    context length, with ``shared_prefix_len`` tokens shared by all of them (Lp + N x Ls). A request
    limit above the KV bound is honoured but flagged: decode may then preempt (and recompute).
 
-GiB throughout: the seed's "GB" figures (1.96, 7.37, 14.00, 11.96, 46.72) are GiB.
+GiB throughout: the reference deployment's "GB" figures (1.96, 7.37, 14.00, 11.96, 46.72) are GiB.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A ``ParallelLayout`` names how many ranks share each kind of work:
 - ``tp``: tensor parallel, a layer's heads are split (KDA under CP);
 - ``ep``: expert parallel, the routed experts are split (``ep_moe.py``).
 Groups are contiguous blocks of ranks of that size, so with ``cp = tp = ep = world`` all three are
-the one world group (the seed's TP4/CP4 prefill on four GPUs).
+the one world group (the reference deployment's TP4/CP4 prefill on four GPUs).
 
 ``launch(fn, n)`` spawns ``n`` processes, joins them into one process group over TCP on the
 loopback (gloo on CPU, NCCL with one GPU per rank), runs ``fn(*args)`` on every rank and returns

@@ -8,7 +8,7 @@ target slot owns its draft row, and freeing the page frees both (docs/techniques
 Layouts per draft layer (HKV kv heads of Dh channels):
 - ``bf16``: K and V ``[slots, HKV, Dh]`` bf16, 2 * HKV * Dh * 2 bytes per token;
 - ``fp8``:  K and V ``[slots, HKV, Dh]`` E4M3 plus one fp32 scale per (token, head) each,
-  2 * HKV * (Dh + 4) bytes per token (the seed's open direction: "FP8 draft KV").
+  2 * HKV * (Dh + 4) bytes per token (the reference deployment's open direction: "FP8 draft KV").
 Rows are quantised on write and dequantised on read; the reader always gets the compute dtype.
 """
 

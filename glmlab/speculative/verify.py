@@ -5,7 +5,7 @@ position j predict the token after it, so row j judges draft d_{j+1} and row S y
 Every function returns ``Accepted(accept_lens, tokens)``: ``accept_lens[i]`` drafts were accepted
 (0..S) and ``tokens[i, :accept_lens[i] + 1]`` are the tokens emitted this cycle (the accepted
 drafts, then one target token). The commit length (what the cache keeps of the window, anchor
-included) is ``accept_lens + 1``; the seed's "acceptance length" is its mean.
+included) is ``accept_lens + 1``; the reference deployment's "acceptance length" is its mean.
 
 - greedy: the longest prefix of drafts equal to the target's argmax, plus the argmax after it.
   The emitted tokens are the target's own argmax tokens, so the output equals plain greedy decoding.

@@ -1,6 +1,6 @@
 """Views of the service and of prefill dataflow: the shared-prefix benchmark as a table and bars,
 the per-request PD transfer timeline (notebook 05); the FP8 all-gather packet, the recorded
-all-gather times and the seed's prefill ladder (notebook 06).
+all-gather times and the reference deployment's prefill ladder (notebook 06).
 
 Rows come from ``glmlab.bench.serving``, ``glmlab.serve.timeline`` and
 ``glmlab.distributed.report``; nothing here measures or derives a number.
