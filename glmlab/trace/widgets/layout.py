@@ -15,15 +15,15 @@ from collections.abc import Callable, Sequence
 
 import ipywidgets as W
 import plotly.graph_objects as go
-from IPython.display import HTML
+from IPython.display import HTML, display
 
 OUTPUT_PX = 840
 LABEL_PX = 150  # control descriptions with their unit fit in one line
 
 _TABLE_CSS = """<style>
 .glmlab-table {table-layout: auto; margin: 0.2em 0 0.8em 0; font-size: 12px;}
-.glmlab-table td {white-space: nowrap; padding: 2px 8px; text-align: right;}
-.glmlab-table th {white-space: normal; padding: 2px 8px; text-align: right; max-width: 9em;
+.glmlab-table td {white-space: nowrap; padding: 2px 6px; text-align: right;}
+.glmlab-table th {white-space: normal; padding: 2px 6px; text-align: right; max-width: 7em;
   vertical-align: bottom;}
 .glmlab-table td.glmlab-text, .glmlab-table th.glmlab-text {text-align: left; max-width: 28em;
   white-space: normal;}
@@ -72,18 +72,24 @@ def table(rows: Sequence[dict], columns: Sequence[Column] | None = None, *, capt
     """Rows of dicts as one HTML table, every row shown; text columns left-aligned."""
     if not rows:
         return HTML(f"<p>{html.escape(caption)} (no rows)</p>")
-    cols = [(c, c) if isinstance(c, str) else c for c in (columns or list(rows[0]))]
+    # a bare key becomes its header with spaces, so a long name can wrap between its words
+    cols = [(c, c.replace("_", " ")) if isinstance(c, str) else c
+            for c in (columns or list(rows[0]))]
     formats = formats or {}
     text = {k for k, _ in cols if all(isinstance(r.get(k), str) or r.get(k) is None
                                       for r in rows)}
     cls = lambda k: ' class="glmlab-text"' if k in text else ""
     head = "".join(f"<th{cls(k)}>{html.escape(h)}</th>" for k, h in cols)
     body = "".join(
-        "<tr>" + "".join(f"<td{cls(k)}>{html.escape(formats.get(k, fmt)(r.get(k)))}</td>"
+        "<tr>" + "".join(f"<td{cls(k)}>{_cell(formats.get(k, fmt)(r.get(k)))}</td>"
                          for k, _ in cols) + "</tr>" for r in rows)
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     return HTML(f'{_TABLE_CSS}<table class="glmlab-table">{cap}<thead><tr>{head}</tr></thead>'
                 f"<tbody>{body}</tbody></table>")
+
+
+def _cell(text: str) -> str:
+    return html.escape(text).replace("\n", "<br>")  # a cell may hold stacked lines
 
 
 def lines(texts: Sequence[str] | str) -> HTML:
@@ -141,23 +147,28 @@ def grid(children: Sequence[W.Widget], columns: int = 2) -> W.GridBox:
 
 
 class FigureSwitch:
-    """One figure at a time, chosen with toggle buttons (keyboard: Tab, then Space)."""
+    """One figure at a time, chosen with toggle buttons (keyboard: Tab, then Space). The figure
+    is drawn into an Output as a plain plotly figure: no FigureWidget, whose every instance ships
+    the whole plotly.js bundle to the page."""
 
     def __init__(self, figures: dict[str, go.Figure], description: str):
         self.figures = figures
-        first = next(iter(figures))
-        self.buttons = W.ToggleButtons(options=list(figures), value=first,
+        self.buttons = W.ToggleButtons(options=list(figures), value=next(iter(figures)),
                                        description=description, **control_layout("auto"))
-        self.figure = go.FigureWidget(figures[first])
-        self.buttons.observe(self._show, "value")
-        self.widget = W.VBox([self.buttons, self.figure])
+        self.out = W.Output()
+        self.buttons.observe(lambda change: self.show(change["new"]), "value")
+        self.widget = W.VBox([self.buttons, self.out])
+        self.show(self.buttons.value)
 
-    def _show(self, change) -> None:
-        new = self.figures[change["new"]]
-        with self.figure.batch_update():
-            self.figure.data = []
-            self.figure.add_traces(list(new.data))
-            self.figure.layout = new.layout
+    def show(self, label: str) -> None:
+        show_figure(self.out, self.figures[label])
 
     def _repr_mimebundle_(self, **kw):
         return self.widget._repr_mimebundle_(**kw)
+
+
+def show_figure(out: W.Output, fig: go.Figure) -> None:
+    """Replace what ``out`` shows with ``fig``."""
+    with out:
+        out.clear_output(wait=True)
+        display(fig)

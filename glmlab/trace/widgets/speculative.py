@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 
 from glmlab.speculative.costs import SEED
 from glmlab.trace.events import CycleEvent
-from glmlab.trace.widgets.layout import control_layout, finish, table
+from glmlab.trace.widgets.layout import control_layout, finish, show_figure, table
 
 PHASE_COLORS = {"draft": "#e4572e", "verify": "#4c78a8", "commit": "#54a24b", "rest": "#b0b0b0"}
 SPEC_PHASES = ("draft", "verify", "commit", "rest")
@@ -110,18 +110,15 @@ def cycle_explorer(rows: list[dict]) -> W.VBox:
                              description="cycles from", **control_layout("auto"))
     cycles = W.IntSlider(value=min(4, most), min=1, max=most, description="cycles shown",
                          **control_layout("420px"))
-    fig = go.FigureWidget(cycle_timeline_figure(rows, cycles.value))
+    out = W.Output()
 
     def redraw(*_):
         seed = source.value == "seed"
-        new = cycle_timeline_figure(seed_cycle_rows(cycles.value) if seed else rows,
-                                    cycles.value, "Seed Figure 3 (means, 4 x H200)" if seed
-                                    else "Speculative cycles")
-        with fig.batch_update():
-            fig.data = []
-            fig.add_traces(list(new.data))
-            fig.layout = new.layout
+        show_figure(out, cycle_timeline_figure(
+            seed_cycle_rows(cycles.value) if seed else rows, cycles.value,
+            "Seed Figure 3 (means, 4 x H200)" if seed else "Speculative cycles"))
 
     source.observe(redraw, "value")
     cycles.observe(redraw, "value")
-    return W.VBox([source, cycles, fig])
+    redraw()
+    return W.VBox([source, cycles, out])
