@@ -20,9 +20,11 @@ set -u
 export PYTHONUNBUFFERED=1 GLMLAB_CACHE_DIR=/tmp/glmcache FLA_TILELANG=0
 OUT=${OUT:?set OUT}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/glmlab-serve-fast$([ "${REHEARSE:-0}" = 1 ] && echo -rehearsal)}; mkdir -p "$WORK"
-trap 'cp -r "$WORK/." "$OUT/"' EXIT
+save() { cp -r "$WORK/." "$OUT/" 2>/dev/null || true; }
+trap save EXIT
+trap 'save; exit 143' TERM INT
 exec > >(tee -a "$WORK/log.txt") 2>&1
-stamp() { echo "== $(date +%T) $*"; }
+stamp() { save; echo "== $(date +%T) $*"; }
 REHEARSE=${REHEARSE:-0}
 
 if [ "$REHEARSE" = 1 ]; then
