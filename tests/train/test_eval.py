@@ -25,7 +25,7 @@ def files(tmp_path_factory):
     paths = []
     for i, src in enumerate(corpus.split_files("val")[:2]):
         p = out / f"f{i}.py"
-        p.write_text(corpus.read_text(src)[:150 + 100 * i])
+        p.write_text(corpus.read_text(src)[:100 + 60 * i])
         paths.append(p)
     return paths
 
@@ -52,18 +52,18 @@ def _direct_bpb(model_dir, files, window):
 
 
 def test_bits_per_byte_equal_a_direct_computation_and_settings_move_them(tiny_dir, files):
-    common = ["--model", str(tiny_dir), "--files", *map(str, files), "--window", "64",
-              "--chunk", "24", "--batch", "3"]
+    common = ["--model", str(tiny_dir), "--files", *map(str, files), "--window", "48",
+              "--chunk", "20", "--batch", "4"]
     ref = _eval(*common)
     assert ref["tokens"] == sum(len(f.read_bytes()) for f in files)  # byte tokenizer: 1 a byte
     assert ref["bytes"] == ref["tokens"] and ref["files"] == 2
-    assert ref["bits_per_byte"] == pytest.approx(_direct_bpb(tiny_dir, files, 64), rel=1e-4)
+    assert ref["bits_per_byte"] == pytest.approx(_direct_bpb(tiny_dir, files, 48), rel=1e-4)
     for flags in (["--kv-dtype", "fp8"], ["--state-dtype", "bf16"], ["--weights", "fp8"]):
         other = _eval(*common, *flags)["bits_per_byte"]
         assert other != ref["bits_per_byte"] and other == pytest.approx(ref["bits_per_byte"],
                                                                         rel=0.05), flags
     dense = _eval(*common, "--attention", "dense")
-    assert dense["bits_per_byte"] != ref["bits_per_byte"]  # 64-token windows > top-k 16
+    assert dense["bits_per_byte"] != ref["bits_per_byte"]  # 48-token windows > top-k 16
 
 
 def test_byte_unigram_baseline():
