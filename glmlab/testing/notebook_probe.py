@@ -146,8 +146,10 @@ return out;
 
 function figure(gd, cell) {
   const fl = gd._fullLayout || {}, svg = R(gd.querySelector('.main-svg') || gd);
-  const f = {cell, title: (fl.title && fl.title.text) || '', untitled: [], legend_overlap: 0,
-             legend_overlaps: [], legend_clipped: false, bar_fill: [], tables: [],
+  const title = (fl.title && fl.title.text) || '';
+  const f = {cell, title: /^Click to enter/.test(title) ? '' : title, untitled: [],
+             legend_overlap: 0, legend_overlaps: [], legend_clipped: false, bar_fill: [],
+             tables: [],
              updatemenus: gd.querySelectorAll('.updatemenu-header-group').length};
   const ids = [...((fl._subplots && fl._subplots.xaxis) || []),
                ...((fl._subplots && fl._subplots.yaxis) || [])];
