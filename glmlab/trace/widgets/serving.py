@@ -3,7 +3,7 @@ the per-request PD transfer timeline (notebook 05); the FP8 all-gather packet, t
 all-gather times and the reference deployment's prefill ladder (notebook 06).
 
 Rows come from ``glmlab.bench.serving``, ``glmlab.serve.timeline`` and
-``glmlab.distributed.report``; nothing here measures or derives a number.
+``glmlab.bench.cp_report``; nothing here measures or derives a number.
 """
 
 from __future__ import annotations
