@@ -56,6 +56,9 @@ class EngineConfig:
     seed: int = 0  # base seed of sampled requests that bring none
     print_budget: bool = True  # print the budget table when the engine starts
     speculative: SpecConfig | None = None  # speculative decoding (glmlab.speculative); None = off
+    # CUDA graphs of decode / verify steps (glmlab.engine.cuda_graph; fused backends on CUDA only)
+    cuda_graph_max_bs: int = 256  # largest batch (requests) replayed from a graph
+    disable_cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         for name, enum in _ENUMS.items():
@@ -66,7 +69,8 @@ class EngineConfig:
                 except ValueError:
                     choices = ", ".join(e.value for e in enum)
                     raise ValueError(f"{name}={value!r}: choose one of {choices}") from None
-        positive = ("page_size", "max_num_batched_tokens", "max_prefill_tokens")
+        positive = ("page_size", "max_num_batched_tokens", "max_prefill_tokens",
+                    "cuda_graph_max_bs")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -32,6 +32,7 @@ from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.core import RadixMode, Req, Sampled, sample_batch, token_logprobs
 from glmlab.engine.config import EngineConfig
+from glmlab.engine.cuda_graph import make_graph_runner, replay_ready
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
 from glmlab.model.session import run_step
@@ -64,6 +65,7 @@ class ModelRunner:
                              with_mtp=model.mtp is not None)
         self.cache = HybridCache(storage, cfg.radix)
         self.page_size = cfg.page_size
+        self.graphs = make_graph_runner(model, storage, cfg)  # issue 15: None when not usable
         if cfg.print_budget:
             print(self.budget.table(), file=sys.stderr)
 
@@ -108,7 +110,8 @@ class ModelRunner:
     # ------------------------------------------------------------------ run
     def forward(self, plan: StepPlan) -> StepResult:
         """The model over one step's plan. The engine's only forward call."""
-        # NOTE: CUDA graph capture/replay of decode shapes goes here (keyed by the batch shape)
+        if self.graphs is not None and replay_ready(self.graphs, plan):
+            return self.graphs.run(plan)
         return run_step(self.model, self.cache.storage, plan)
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]:
