@@ -28,6 +28,7 @@ OPS: dict[str, str] = {
 OPS["moe"] = "glmlab.bench.ops_moe:run"
 OPS["cp"] = "glmlab.bench.ops_cp:run"
 OPS["dsa"] = "glmlab.bench.ops_dsa:run"
+OPS["decode"] = "glmlab.bench.ops_decode:run"
 
 
 def register(name: str, target: str) -> None:

@@ -76,12 +76,15 @@ class _Graph:
 
 
 class CudaGraphRunner:
-    def __init__(self, model: GLM5Model, cache: ModelCache, max_bs: int, max_pages: int):
+    def __init__(self, model: GLM5Model, cache: ModelCache, max_bs: int, max_pages: int,
+                 buckets: list[int] | None = None):
+        """``max_pages``: page-table width the graphs serve (longest context / page size);
+        ``buckets``: batch sizes to capture (default ``batch_buckets(max_bs)``)."""
         check(model)
         self.model, self.cache = model, cache
         self.page_size = cache.page_size
-        self.max_bs, self.max_pages = max_bs, max_pages
-        self.buckets = batch_buckets(max_bs)
+        self.buckets = sorted(buckets) if buckets else batch_buckets(max_bs)
+        self.max_bs, self.max_pages = self.buckets[-1], max_pages
         self.device = model.embed_tokens.weight.device
         self.pool = torch.cuda.graph_pool_handle()
         self._buffers: dict[int, _Buffers] = {}

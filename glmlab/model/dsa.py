@@ -105,6 +105,10 @@ class DSAttention(nn.Module):
             self.down_proj.fp8_op = self.q_a_proj.fp8_op
         self.indexer.fuse_projections()
 
+    def unfuse_projections(self) -> None:
+        self.__dict__["down_proj"] = None
+        self.indexer.__dict__["h_proj"] = None
+
     def prepare_step(self, fast: bool) -> None:
         """Fast path: W_UK and W_UV once, in the model dtype, laid out for batched matmuls."""
         if not fast:

@@ -122,8 +122,10 @@ class GLM5Model(nn.Module):
             elif isinstance(m, Experts):
                 m.op = ops["moe_experts"]
         for m in list(self.modules()):  # after binding: merged Linears take the parts' ops
-            if fuse and isinstance(m, (KDAttention, DSAttention, MLP)):
+            if isinstance(m, (KDAttention, DSAttention, MLP)) and fuse:
                 m.fuse_projections()
+            elif isinstance(m, (KDAttention, DSAttention, MLP)):
+                m.unfuse_projections()
             if isinstance(m, (KDAttention, DSAttention)):
                 m.prepare_step(fast=backends.kda_step == "triton" if isinstance(m, KDAttention)
                                else backends.dsa_index == "triton")

@@ -68,6 +68,9 @@ class KDAttention(nn.Module):
             if merged is not None:
                 merged.fp8_op = part.fp8_op
 
+    def unfuse_projections(self) -> None:
+        self.__dict__["qkv_proj"] = self.__dict__["gate_in_proj"] = None
+
     def prepare_step(self, fast: bool) -> None:
         """Derived weights the fused step reads every call, computed once."""
         self.fast_conv_weight = self.conv_weight().contiguous() if fast else None

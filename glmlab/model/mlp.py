@@ -32,6 +32,10 @@ class MLP(nn.Module):
         if self.gate_up is not None:
             self.gate_up.fp8_op = self.gate_proj.fp8_op
 
+    def unfuse_projections(self) -> None:
+        """Back to one GEMM per part (their weights stay views of the merged storage)."""
+        self.__dict__["gate_up"] = None
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """down(swiglu(gate(x), up(x))) (+ residual, added after the product is rounded)."""
         if self.gate_up is None or not self.fast_act:
