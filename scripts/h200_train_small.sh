@@ -6,11 +6,12 @@
 #            byte-unigram baseline, measured MTP 1..7 / DFlash2 B4, B8 acceptance (greedy and
 #            T=0.7), routing samples
 #
-#   OUT=/some/dir bash scripts/h200_train_small.sh                 # both stages (~9 min)
-#   STAGES=measure MODEL=small OUT=/dir bash scripts/h200_train_small.sh   # the committed one
-#   REHEARSE=1 OUT=/tmp/r bash scripts/h200_train_small.sh         # CPU, micro config, 20 steps
+#   STAGES=train OUT=/dir bash scripts/h200_train_small.sh      # ~7.5 min: train, package
+#   STAGES=measure MODEL=small OUT=/dir bash ...               # ~4 min: the checkpoint in the tree
+#   OUT=/dir bash scripts/h200_train_small.sh                  # both (more than one 10-min call)
+#   REHEARSE=1 OUT=/tmp/r bash scripts/h200_train_small.sh     # CPU, micro config, 20 steps
 #
-# Needs .devpack/fla.tar.xz on the GPU (../shared/tools/devpack fla). $OUT gets at most four files
+# Needs .devpack/fla.tar.xz on the GPU (docs/platform.md section 3.1). $OUT gets at most four files
 # (each < 16 MiB): model.safetensors (target), dflash2.safetensors (draft), small-run.tar.gz
 # (everything else, laid out from the repository root) and log.txt. To commit a run:
 #   tar -xzf small-run.tar.gz && cp model.safetensors data/checkpoints/small/ &&
@@ -47,7 +48,9 @@ else
   PY=python3; DEV=cuda; PRESET=small; TAG=small-h200
   TRAIN="--time-budget-s ${TRAIN_S:-270} --seq-len 512 --batch-size ${BATCH:-64}
          --warmup-steps 100 --kda-backend ${KDA:-fla}"
-  DRAFT="--draft-time-budget-s ${DRAFT_S:-75} --draft-batch-size 16 --draft-anchors-per-window 16"
+  # the draft's target forward has the training batch's shapes: fla autotuned them already
+  DRAFT="--draft-time-budget-s ${DRAFT_S:-75} --draft-batch-size ${BATCH:-64}
+         --draft-anchors-per-window 8"
   EVAL="--window 512 --chunk 128 --batch 32"
   EVAL_FILES_VAL=""; EVAL_FILES_TEST=""
   LINES=64
@@ -62,7 +65,7 @@ package() {  # refresh $OUT from what exists so far (a timeout still returns the
   [ -f "$RUN/model.safetensors" ] && cp "$RUN/model.safetensors" "$OUT/model.safetensors"
   [ -f "$RUN/dflash2/model.safetensors" ] && cp "$RUN/dflash2/model.safetensors" \
     "$OUT/dflash2.safetensors"
-  tar -czf "$OUT/small-run.tar.gz" -C "$PKG" .
+  tar -czf "$OUT/small-run.tar.gz" -C "$PKG" data
   ls -la "$OUT"
 }
 
@@ -80,7 +83,7 @@ evaluate() {  # evaluate NAME SPLIT [flags]: one JSON row into eval-<tag>.jsonl
   local name=$1 split=$2; shift 2
   local files=$([ "$split" = val ] && echo "$EVAL_FILES_VAL" || echo "$EVAL_FILES_TEST")
   local sel=$([ -n "$files" ] && echo "--files $files" || echo "--split $split")
-  timeout 150 $PY -m glmlab.cli eval --model "$MODEL" $sel --device $DEV $EVAL --json "$@" \
+  timeout ${EVAL_TIMEOUT:-100} $PY -m glmlab.cli eval --model "$MODEL" $sel --device $DEV $EVAL --json "$@" \
     > /tmp/eval-row.json && $PY -c "import json,sys; r=json.load(open('/tmp/eval-row.json'));
 r.update(setting='$name', split='$split', tag='$TAG'); print(json.dumps(r))" \
     >> "$PKG/data/bench/eval-$TAG.jsonl" && tail -1 "$PKG/data/bench/eval-$TAG.jsonl" | cut -c1-240
@@ -97,7 +100,7 @@ case " $STAGES " in *" measure "*)
   evaluate weights-fp8 test --weights fp8
   evaluate compute-fp32 test --dtype fp32
   stamp acceptance
-  timeout 240 $PY -m glmlab.train.acceptance --model "$MODEL" --device $DEV $ACC \
+  timeout ${ACC_TIMEOUT:-200} $PY -m glmlab.train.acceptance --model "$MODEL" --device $DEV $ACC \
     --out "$PKG/data/bench" --tag "$TAG" --routing-out "$PKG/data/routing/$PRESET.safetensors"
   package
 esac

@@ -27,14 +27,13 @@ def test_windows_equal_the_served_forward_with_sparse_selection(tiny):
         mtp, _ = mtp_forward(tiny, hidden, ids[:, 1:])
         dense, _, _ = target_forward(tiny, ids[:, :t], dense=True)
     session = Session(tiny, num_seqs=b, max_len=64)
-    served = session.forward({i: ids[i, :t].tolist() for i in range(b)})
     rows = list(range(b))
     plan = ForwardPlan.build([t] * b, [0] * b, rows, session.page_table[rows], session.page_size)
     with torch.inference_mode():
-        served_mtp = tiny.mtp_forward(torch.cat(served), ids[:, 1:].flatten(), plan,
-                                      session.cache)
-    for i in range(b):
-        torch.testing.assert_close(hidden[i], served[i], rtol=1e-4, atol=1e-4)
+        served, served_feats = tiny(ids[:, :t].flatten(), plan, session.cache, capture_layers=(1,))
+        served_mtp = tiny.mtp_forward(served, ids[:, 1:].flatten(), plan, session.cache)
+    torch.testing.assert_close(hidden.flatten(0, 1), served, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(captured[0].flatten(0, 1), served_feats[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(mtp.flatten(0, 1), served_mtp, rtol=1e-4, atol=1e-4)
     assert (dense - hidden).abs().max() > 1e-2  # selection matters: dense is another model
     assert len(kls) == len(tiny.cfg.dsa_layers) and all(0 <= float(k) < 10 for k in kls)
