@@ -43,7 +43,7 @@ def padding_waste_switch(tables: dict[int, list[dict]], block_ms: list[int]) -> 
 
 def tune_table(rows: list[dict], num_experts: int) -> HTML:
     """``analysis.tune_table`` rows: speedups first, then times, then the tile configs."""
-    rows = [{**r, "configs": f"up {tile_config(r['up'])}\ndown {tile_config(r['down'])}"}
+    rows = [{**r, "configs": f"up\u00a0{tile_config(r['up'])}\ndown\u00a0{tile_config(r['down'])}"}
             for r in rows]
     return table(rows, [
         ("M", "M (tokens)"), ("speedup_heldout", "speedup, held-out routes"),
