@@ -22,6 +22,7 @@ transfers.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
 import time
@@ -35,6 +36,7 @@ from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.core import (
     Batch,
     CacheTarget,
+    GrammarMatcher,
     InvalidRequest,
     Req,
     RequestOutput,
@@ -44,11 +46,13 @@ from glmlab.core import (
     TokenLogprob,
     make_generator,
 )
+from glmlab.engine import parallel
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.detokenizer import Decoder, Detokenizer
 from glmlab.engine.model_runner import ModelRunner, load_model_for
 from glmlab.engine.scheduler import Scheduler
 from glmlab.model.glm import GLM5Model
+from glmlab.sampling import logprobs_of
 from glmlab.speculative.engine_phase import SpecPhase
 from glmlab.tokenizer import Tokenizer
 from glmlab.trace.tracer import NULL_TRACER, Tracer
@@ -88,7 +92,7 @@ class Engine:
         self.spec = SpecPhase(self.runner, spec, self.budget.inputs.spec_slots, self.runner.draft,
                               self.cfg.seed, tracer) if spec else None
         self.scheduler = Scheduler(self.cfg, self.cache, self.budget.max_running_requests, tracer,
-                                   verify_width=self.spec.verify_width if self.spec else None,
+                                   verify_width=self._verify_width if self.spec else None,
                                    stop_string=self._stop_string)
         self.tokenizer, self.tracer = tokenizer, tracer
         self.eos_token_ids = tuple(eos_token_ids or getattr(tokenizer, "eos_token_ids", ())
@@ -119,10 +123,13 @@ class Engine:
         if batch is None:
             return []
         start = time.perf_counter_ns()
-        sampled = self.execute(batch)
         reqs = [e.req for e in batch.entries if e.samples]
+        sampled, children = self._execute(batch, reqs)
         logprobs = {r.rid: s.logprobs for r, s in zip(reqs, sampled, strict=True)}
         updates = self.scheduler.update(batch, [s.tokens for s in sampled])
+        for c, s in children:  # siblings of a parallel-sampled prompt, forked this step
+            logprobs[c.rid] = s.logprobs
+            updates.append((c, self.scheduler.adopt(c, s.tokens[0])))
         outputs = [self._output(req, new, logprobs.get(req.rid)) for req, new in updates]
         self.tracer.on_step(batch, self.cache.usage, start, time.perf_counter_ns())
         return outputs
@@ -130,10 +137,45 @@ class Engine:
     def execute(self, batch: Batch) -> list[Sampled]:
         """The batch's forward and sampling: per sampling entry its token, or with speculation
         a VERIFY entry's emitted tokens (``glmlab.speculative.engine_phase``)."""
+        return self._execute(batch, [e.req for e in batch.entries if e.samples])[0]
+
+    def _execute(self, batch: Batch, reqs: list[Req]
+                 ) -> tuple[list[Sampled], list[tuple[Req, Sampled]]]:
         if self.spec is not None:
-            return self.spec.execute(batch, self.scheduler.running)
-        result = self.runner.forward(self.runner.plan(batch.entries))
-        return self.sample([e.req for e in batch.entries if e.samples], result.logits)
+            return self.spec.execute(batch, self.scheduler.running), []
+        plan = self.runner.plan(batch.entries)
+        rows, sample_at = parallel.logit_rows(batch.entries)
+        if len(rows) != len(sample_at):  # prompt logprobs: every row of those chunks
+            rows_t = torch.tensor(rows, dtype=torch.long, device=plan.input_ids.device)
+            plan = dataclasses.replace(plan, logit_rows=rows_t)
+        logits = self.runner.forward(plan).logits
+        if len(rows) != len(sample_at):
+            parallel.score_prompts(batch.entries, logits, logprobs_of)
+            logits = logits[torch.tensor(sample_at, dtype=torch.long, device=logits.device)]
+        children = self._fork(reqs)
+        if not children:
+            return self.sample(reqs, logits), []
+        at = {r.rid: i for i, r in enumerate(reqs)}
+        rows_of = [at[parent.rid] for parent, _ in children]
+        both = self.sample(reqs + [c for _, c in children],
+                           torch.cat([logits, logits[torch.tensor(rows_of, device=logits.device)]]))
+        return both[:len(reqs)], [(c, s) for (_, c), s in zip(children, both[len(reqs):],
+                                                              strict=True)]
+
+    def _fork(self, reqs: list[Req]) -> list[tuple[Req, Req]]:
+        """(parent, sibling) for the prompts with ``n > 1`` done prefilling now; siblings the
+        pools cannot hold are queued instead (``parallel.fork_siblings``)."""
+        forked, queued = parallel.fork_siblings(self.cache, reqs)
+        for c in [c for _, c in forked] + queued:
+            self._adopt_record(c)
+        for c in queued:
+            self.scheduler.add(c)
+        return forked
+
+    def _adopt_record(self, req: Req) -> None:
+        self._requests[req.rid] = req
+        if self.tokenizer is not None:
+            self._detok[req.rid] = Detokenizer(self.tokenizer, req.params)
 
     def sample(self, reqs: list[Req], logits: torch.Tensor) -> list[Sampled]:
         return self.runner.sample(reqs, logits)
@@ -147,12 +189,26 @@ class Engine:
             logprobs = None
         elif logprobs is not None:
             logprobs = logprobs[:len(new)]  # tokens after a finish were cut
+        done = len(req.token_ids) - req.num_prompt
+        prompt_lps = None
+        if req.params.prompt_logprobs_from is not None and new and done == len(new):
+            prompt_lps = tuple(req.prompt_logprobs)  # on the first record
+        if final:
+            self.runner.sampler.release(req.rid)
         return RequestOutput(req.rid, new, text, logprobs, req.cached_tokens, req.finish_reason,
-                             req.matched_stop, req.num_prompt, len(req.token_ids) - req.num_prompt)
+                             req.matched_stop, req.num_prompt, done, prompt_lps)
+
+    def _verify_width(self, req: Req) -> int:
+        """Requests whose logits the sampler adjusts or masks decode without speculation (the
+        drafts were proposed from unadjusted distributions)."""
+        if req.params.adjusts_logits or req.grammar is not None:
+            return 0
+        return self.spec.verify_width(req)
 
     def _stop_string(self, req: Req, token: int) -> str | None:
         detok = self._detok.get(req.rid)
-        return detok.add(token) if detok is not None else None
+        can_stop = len(req.token_ids) - req.num_prompt > req.params.min_new_tokens
+        return detok.add(token, can_stop) if detok is not None else None
 
     @property
     def has_work(self) -> bool:
@@ -161,11 +217,14 @@ class Engine:
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                     rid: str | None = None, imported: bool = False,
-                    hold_after_prefill: bool = False) -> str:
+                    hold_after_prefill: bool = False,
+                    grammar: GrammarMatcher | None = None) -> str:
         """Queue a request; returns its id, or raises ``InvalidRequest`` (a ``ValueError``).
         ``imported``: its prompt's cache content will be written from outside (see
         ``import_targets``); ``hold_after_prefill``: keep its cache after the first token for
-        export (``export_target``, then ``release_held``)."""
+        export (``export_target``, then ``release_held``). ``params.n > 1``: the samples are
+        requests ``sample_rid(rid, i)`` (sample 0 is ``rid``); ``grammar``: the tokens allowed
+        next (``glmlab.grammar``), masked in the sampler."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidRequest("params", f"expected SamplingParams, got {type(params).__name__}")
@@ -174,11 +233,19 @@ class Engine:
         except TypeError:
             raise InvalidRequest("prompt", "token ids must be integers") from None
         req = self._new_request(ids, params, rid)
-        req.imported, req.hold_after_prefill = imported, hold_after_prefill
-        self._requests[req.rid] = req
-        if self.tokenizer is not None:
-            self._detok[req.rid] = Detokenizer(self.tokenizer, params)
-        self.scheduler.add(req)
+        req.imported, req.hold_after_prefill, req.grammar = imported, hold_after_prefill, grammar
+        if grammar is not None and (imported or params.n > 1):
+            raise InvalidRequest("params", "a grammar-constrained request is computed here "
+                                 "with n = 1 (not imported, not parallel-sampled)")
+        # speculation keeps per-request drafter state that a fork cannot copy, and an imported
+        # prompt arrives per sample: then n requests from the start (the radix tree may share)
+        siblings = (parallel.siblings(req) if params.n > 1 and (self.spec or imported) else [])
+        for c in siblings:
+            if c.rid in self._requests and self._requests[c.rid].status is not Status.FINISHED:
+                raise InvalidRequest("rid", f"request id {c.rid!r} is already in use")
+        for r in (req, *siblings):
+            self._adopt_record(r)
+            self.scheduler.add(r)
         return req.rid
 
     def _new_request(self, ids: list[int], params: SamplingParams, rid: str | None) -> Req:
@@ -205,13 +272,26 @@ class Engine:
         if self.cache.pages_for(max_len) > self.cache.pages.capacity:
             raise InvalidRequest("max_new_tokens", f"a request of {max_len} tokens needs more KV "
                                  f"pages than the pool holds ({self.cache.pages.capacity})")
+        for name, tokens in (("stop_token_ids", params.stop_token_ids),
+                             ("logit_bias", [t for t, _ in params.logit_bias])):
+            if any(not 0 <= t < vocab for t in tokens):
+                raise InvalidRequest(name, f"token ids must be in [0, {vocab}): "
+                                     f"{[t for t in tokens if not 0 <= t < vocab][:5]}")
+        if params.prompt_logprobs_from is not None and self.spec is not None:
+            raise InvalidRequest("prompt_logprobs_from", "prompt logprobs (echo, "
+                                 "logprob_start_len) need speculative decoding off")
+        if params.prompt_logprobs_from is not None and params.prompt_logprobs_from >= len(ids):
+            raise InvalidRequest("prompt_logprobs_from", f"logprobs from position "
+                                 f"{params.prompt_logprobs_from} of a {len(ids)}-token prompt")
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= set(self.eos_token_ids)
         gen = make_generator(params, self.runner.device)
+        seed = params.seed if params.seed is not None else self.cfg.seed * 1_000_003 + n
         if gen is not None and params.seed is None:  # reproducible: derive from the engine seed
-            gen.manual_seed(self.cfg.seed * 1_000_003 + n)
-        return Req(rid, ids, len(ids), params, max_len, frozenset(stop), gen)
+            gen.manual_seed(seed)
+        return Req(rid, ids, len(ids), params, max_len, frozenset(stop), gen,
+                   seed=seed & ((1 << 63) - 1))
 
     def abort(self, rid: str) -> RequestOutput | None:
         """End ``rid`` wherever it is (queued, running, awaiting import, held); frees all it holds.
@@ -291,10 +371,15 @@ class Engine:
                 if r.status is Status.AWAITING_IMPORT]
 
     def complete_import(self, rid: str, first_token: int,
-                        logprob: TokenLogprob | float | None = None) -> RequestOutput:
+                        logprob: TokenLogprob | float | None = None,
+                        draft_state: bool = False) -> RequestOutput:
         """The imported content of ``rid`` is in the cache; it decodes from ``first_token``
-        (sampled by the prefill instance, with its ``logprob`` if the request asked)."""
+        (sampled by the prefill instance, with its ``logprob`` if the request asked).
+        ``draft_state``: the drafter's rows for the prompt were imported too
+        (``spec.handoff.regions()``), so it speculates from its first decode step."""
         req = self.scheduler.complete_import(rid, first_token)
+        if draft_state and self.spec is not None and req.status is Status.RUNNING:
+            self.spec.adopt(req)
         lps = None
         if logprob is not None:
             lp = logprob if isinstance(logprob, TokenLogprob) else TokenLogprob(first_token,

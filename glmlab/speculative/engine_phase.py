@@ -17,7 +17,12 @@ verify entries, so requests with different accept lengths advance in one batch.
 - Each speculating request holds one row of the verify-state store (``SpecStateStore``), taken on
   its first cycle; rows, drafter state and "learned" marks of requests that are no longer running
   (finished, aborted, preempted) are returned at the next step (``sync``) or at once by ``release``.
-- Requests whose prompt the drafter never saw (imported from a prefill instance) decode plainly.
+- A PD decode instance imports requests whose prompt a prefill instance's drafter learned; the
+  rows it received (``handoff``: MTP chain start, DFlash2 draft KV) are adopted with the request
+  (``adopt``), so it verifies from its first decode step. A request whose prompt the drafter never
+  saw (imported without them) decodes plainly.
+- ``totals`` counts cycles, verified requests and committed tokens since start (what a server
+  reports as its acceptance length); ``stats`` keeps each cycle for studies (``trim`` bounds it).
 
 ``spec_budget`` charges the budget for the rows (one per running request + 1) and the draft KV.
 """
@@ -43,6 +48,7 @@ from glmlab.speculative.dflash import DFlashDraftModel
 from glmlab.speculative.dflash_io import load_draft
 from glmlab.speculative.draft_kv import DraftKVLayout
 from glmlab.speculative.factory import make_decoder
+from glmlab.speculative.handoff import DraftHandoff
 from glmlab.speculative.replay import CommitMode
 from glmlab.speculative.types import SpecRequest, TargetStates
 from glmlab.trace.events import CycleEvent
@@ -138,7 +144,11 @@ class SpecPhase:
         self.owner: dict[int, str] = {}  # state slot -> the rid last seen in it
         self.learned: dict[str, int] = {}  # rid -> positions the drafter has learned
         self.stats: list[CycleStats] = []
+        self.totals = {"cycles": 0, "verified": 0, "committed": 0}
         self._last_end: float | None = None
+        storage = runner.cache.storage
+        self.handoff = DraftHandoff(self.decoder.drafter, storage.num_state_slots,
+                                    storage.device)
 
     @property
     def width(self) -> int:
@@ -197,6 +207,10 @@ class SpecPhase:
             self.learned[req.rid] = e.start + n
         if keep:
             self.decoder.drafter.extend(keep, TargetStates(pos, hs, fs, toks, nxt))
+        for e in entries:  # a PD prefill: the prompt is learned, stage what decode needs
+            done = self.learned.get(e.req.rid) == e.start + e.num_tokens
+            if e.samples and e.req.hold_after_prefill and done:
+                self.handoff.stage(e.req.cache.slot)
 
     def _verify(self, entries: list[Entry], step: int) -> dict[int, Sampled]:
         start, start_ns = time.perf_counter(), time.perf_counter_ns()
@@ -212,6 +226,10 @@ class SpecPhase:
         gap = 0.0 if self._last_end is None else max(0.0, start - self._last_end)
         phases = dict(result.stats.phase_s, rest=gap)  # scheduling, other entries, stage gaps
         self.stats.append(dataclasses.replace(result.stats, phase_s=phases))
+        t = self.totals
+        t["cycles"] += 1
+        t["verified"] += len(result.stats.commit_lens)
+        t["committed"] += sum(result.stats.commit_lens)
         self._last_end = time.perf_counter()
         bounds, t = [], start_ns
         for name in ("draft", "verify", "commit"):
@@ -227,6 +245,25 @@ class SpecPhase:
                 token_logprobs(result.logits[i, :len(toks)], toks, k))
             out[id(e)] = Sampled(tuple(toks), lps)
         return out
+
+    # ------------------------------------------------------------------ PD decode
+    def adopt(self, req: Req) -> None:
+        """``req`` was imported with its prompt's drafter rows (``handoff.regions()``) written
+        into this instance's: the drafter knows every computed position, verify from now on."""
+        self._track(req)
+        self.handoff.adopt(req.cache.slot)
+        self.learned[req.rid] = req.computed_len
+
+    @property
+    def accept_length(self) -> float:
+        """Mean tokens committed per request per cycle (accepted drafts + bonus), 0 if none."""
+        t = self.totals
+        return t["committed"] / t["verified"] if t["verified"] else 0.0
+
+    def trim(self, keep: int) -> None:
+        """Keep the last ``keep`` cycles' stats (a long-running server); totals stay whole."""
+        if len(self.stats) > keep:
+            del self.stats[:len(self.stats) - keep]
 
     # ------------------------------------------------------------------ rows and clean-up
     def _track(self, req: Req) -> None:

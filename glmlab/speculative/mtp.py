@@ -69,6 +69,15 @@ class MTPDrafter:
         tail[rows] = saved
         return Proposal(torch.stack(drafts, dim=1))
 
+    def chain_start(self, row: int) -> tuple[torch.Tensor, int]:
+        """(m, d_1) of ``row``: the MTP output at its last learned row and the first draft
+        (a PD prefill instance sends them, ``glmlab.speculative.handoff``)."""
+        return self._hidden[row], self._first[row]
+
+    def set_chain_start(self, row: int, hidden: torch.Tensor, first: int) -> None:
+        """Continue ``row`` from a chain start learned elsewhere (its MTP KV is in the cache)."""
+        self._hidden[row], self._first[row] = hidden, first
+
     def release(self, reqs: list[SpecRequest]) -> None:
         for r in reqs:
             self._hidden.pop(r.row, None)
