@@ -35,7 +35,7 @@ else
   PY=python3; DEV=cuda:0; CKPT=/tmp/slice4
   ENGINE="--dtype bf16 --fp8-weights keep --backends-kda fla --backends-sparse-mla tilelang
           --backends-moe triton --context-len 4096 --cache-bytes 8000000000"
-  UCX="cuda_copy,cuda_ipc,self,sm,tcp"; N_NEW=16; LENS="37 300 1200"; START_S=280
+  UCX="cuda_copy,cuda_ipc,self,sm,tcp"; N_NEW=16; LENS=${LENS:-"37 300 1200"}; START_S=280
 fi
 ENGINE=$(echo $ENGINE)  # one line, for the logs
 GLMLAB="$PY -m glmlab.cli"

@@ -22,7 +22,14 @@ from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.engine.config import EngineConfig
 from glmlab.extras import import_optional
-from glmlab.serve.config import Mode, Role, ServeConfig, TransferConfig, engine_config
+from glmlab.serve.config import (
+    Mode,
+    Role,
+    ServeConfig,
+    TransferConfig,
+    engine_config,
+    prefill_options,
+)
 from glmlab.serve.supervisor import Service
 
 HELP = ("serve a checkpoint (default: the tiny preset) as 1P1D behind sglang-router on "
@@ -89,12 +96,11 @@ def check_options(cfg: ServeConfig, options: dict[Role, dict]) -> None:
     """Every role's engine config builds (a bad value fails before any process starts), and no
     role is asked for what it cannot do."""
     roles = (Role.MIXED,) if cfg.mode is Mode.MIXED else (Role.PREFILL, Role.DECODE)
+    if cfg.mode is Mode.PD:  # prefill's drafter learns prompts for decode's (issue 20)
+        options[Role.PREFILL] = prefill_options(options.get(Role.PREFILL, {}),
+                                                options.get(Role.DECODE, {}))
     for role in roles:
-        ec = engine_config(role, options.get(role, {}), "cpu")
-        if ec.speculative is not None and role is not Role.MIXED:
-            raise ValueError(f"speculative decoding on the {role.value} role: a PD decode worker "
-                             "continues imported requests whose drafter state prefill does not "
-                             "send yet, so they would decode plainly; serve with --mode mixed")
+        engine_config(role, options.get(role, {}), "cpu")
 
 
 def how_to_query(svc: Service) -> str:
@@ -143,9 +149,12 @@ def build_service(args: argparse.Namespace, quiet: bool = False) -> Service:
 
 
 def run(args: argparse.Namespace) -> int:
-    for package in ("fastapi", "uvicorn", "httpx", "prometheus_client", "sglang_router"):
-        import_optional(package)  # workers are subprocesses: say what to install before they start
     svc = build_service(args)
+    packages = ["fastapi", "uvicorn", "httpx", "prometheus_client"]
+    if svc.cfg.launch_router:
+        packages.append("sglang_router")  # NOTE: --no-launch-router runs without it (GPU machine)
+    for package in packages:
+        import_optional(package)  # workers are subprocesses: say what to install before they start
     svc.start()
     print(how_to_query(svc), flush=True)
     return svc.run_forever()
