@@ -36,7 +36,7 @@ if [ "${REHEARSE:-0}" = 1 ]; then
   EVAL="--window 64 --chunk 32 --batch 8"
   EVAL_FILES_VAL=$($PY -c "from glmlab.train.corpus import split_files as s; print(*s('val')[:2])")
   EVAL_FILES_TEST=$($PY -c "from glmlab.train.corpus import split_files as s; print(*s('test')[:2])")
-  LINES=4
+  LINES=4; EVAL_TIMEOUT=${EVAL_TIMEOUT:-900}; ACC_TIMEOUT=${ACC_TIMEOUT:-900}  # a shared CPU
   ACC="--prompts 2 --prompt-len 32 --new-tokens 8 --mtp-steps 1,3 --blocks 4,8"
 else
   stamp install
@@ -83,7 +83,7 @@ evaluate() {  # evaluate NAME SPLIT [flags]: one JSON row into eval-<tag>.jsonl
   local name=$1 split=$2; shift 2
   local files=$([ "$split" = val ] && echo "$EVAL_FILES_VAL" || echo "$EVAL_FILES_TEST")
   local sel=$([ -n "$files" ] && echo "--files $files" || echo "--split $split")
-  timeout ${EVAL_TIMEOUT:-100} $PY -m glmlab.cli eval --model "$MODEL" $sel --device $DEV $EVAL --json "$@" \
+  timeout ${EVAL_TIMEOUT:-150} $PY -m glmlab.cli eval --model "$MODEL" $sel --device $DEV $EVAL --json "$@" \
     > /tmp/eval-row.json && $PY -c "import json,sys; r=json.load(open('/tmp/eval-row.json'));
 r.update(setting='$name', split='$split', tag='$TAG'); print(json.dumps(r))" \
     >> "$PKG/data/bench/eval-$TAG.jsonl" && tail -1 "$PKG/data/bench/eval-$TAG.jsonl" | cut -c1-240
