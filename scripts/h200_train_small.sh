@@ -46,8 +46,9 @@ else
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   python3 -c "import torch, fla; print(torch.__version__, fla.__version__)"
   PY=python3; DEV=cuda; PRESET=small; TAG=small-h200
+  # validation batches have the training batch's shape too: no second fla autotune mid-run
   TRAIN="--time-budget-s ${TRAIN_S:-270} --seq-len 512 --batch-size ${BATCH:-64}
-         --warmup-steps 100 --kda-backend ${KDA:-fla}"
+         --val-windows ${BATCH:-64} --warmup-steps 100 --kda-backend ${KDA:-fla}"
   # the draft's target forward has the training batch's shapes: fla autotuned them already
   DRAFT="--draft-time-budget-s ${DRAFT_S:-75} --draft-batch-size ${BATCH:-64}
          --draft-anchors-per-window 8"
