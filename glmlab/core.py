@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol
 
 import torch
 
@@ -90,8 +91,53 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; k >= 0: the sampled token's, and the k most likely
     skip_special_tokens: bool = True  # in the output text
     include_stop_str: bool = False  # keep a matched stop string at the end of the text
+    # glmlab.sampling: batched in the sampler, on the logits the forward returns
+    n: int = 1  # samples of one prompt: one prefill, n decode streams sharing its KV pages
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one
+    frequency_penalty: float = 0.0  # minus this x the times a token was output (OpenAI)
+    presence_penalty: float = 0.0  # minus this once a token was output (OpenAI)
+    repetition_penalty: float = 1.0  # logits of prompt and output tokens / this (> 0: x it)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_new_tokens: int = 0  # stop tokens and stop strings cannot end the output before this
+    prompt_logprobs_from: int | None = None  # logprobs of prompt tokens from this position on
 
     def __post_init__(self) -> None:
+        self._check_basic()
+        self._check_extended()
+
+    def _check_extended(self) -> None:
+        def bad(name: str, message: str):
+            raise InvalidRequest(name, f"{name} {message}")
+
+        if not 1 <= self.n <= MAX_SAMPLES:
+            bad("n", f"must be in [1, {MAX_SAMPLES}], got {self.n}")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                bad(name, f"must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            bad("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}")
+        for token, bias in self.logit_bias:
+            if not -100.0 <= bias <= 100.0:
+                bad("logit_bias", f"values must be in [-100, 100], got {bias} for token {token}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            bad("min_new_tokens", f"must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}")
+        if self.prompt_logprobs_from is not None and self.prompt_logprobs_from < 0:
+            bad("prompt_logprobs_from", f"must be >= 0, got {self.prompt_logprobs_from}")
+
+    @property
+    def penalized(self) -> bool:
+        return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Anything the sampler changes beyond temperature / top-k / top-p / min-p."""
+        return self.penalized or bool(self.logit_bias) or self.min_new_tokens > 0
+
+    def _check_basic(self) -> None:
         def bad(name: str, message: str):
             raise InvalidRequest(name, f"{name} {message}")
 
@@ -116,6 +162,7 @@ class SamplingParams:
 
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
+MAX_SAMPLES = 128  # n: samples of one prompt
 
 
 @dataclass(frozen=True)
@@ -130,6 +177,17 @@ class TokenLogprob:
     def with_top(self, k: int) -> TokenLogprob:
         return self if len(self.top) <= k else TokenLogprob(self.token_id, self.logprob,
                                                              self.top[:k])
+
+
+class GrammarMatcher(Protocol):
+    """One request's position in a grammar (``glmlab.grammar`` wraps xgrammar): which tokens may
+    come next, as a bitmask row of int32 words (bit t of word t // 32 set: token t allowed)."""
+
+    def fill_mask(self, bitmask: torch.Tensor, row: int) -> None: ...
+
+    def accept(self, token: int) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -205,6 +263,11 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[To
     return [TokenLogprob(t, p, a) for t, p, a in zip(tokens, picked, alts, strict=True)]
 
 
+def sample_rid(rid: str, index: int) -> str:
+    """The request id of sample ``index`` of a request with ``params.n`` samples."""
+    return rid if index == 0 else f"{rid}#{index}"
+
+
 # ---------------------------------------------------------------------------------- requests
 class Phase(str, Enum):
     PREFILL = "prefill"  # prompt tokens (or recomputed ones)
@@ -255,6 +318,11 @@ class Req:
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
     matched_stop: int | str | None = None  # the stop token id or stop string that ended it
+    seed: int = 0  # the batched sampler's draws: a function of (seed, position) alone
+    sample_index: int = 0  # which of the prompt's ``params.n`` samples this is
+    forked: bool = False  # params.n > 1: its siblings were made from it (or it is one)
+    grammar: GrammarMatcher | None = None  # constrained decoding: the allowed next tokens
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -339,6 +407,9 @@ class RequestOutput:
     matched_stop: int | str | None = None  # the stop token id or string (finish_reason STOP)
     prompt_tokens: int = 0
     completion_tokens: int = 0  # output tokens so far, these included
+    # on a request's first record when it asked (``prompt_logprobs_from``): one per prompt
+    # position from there on, None where nothing precedes the token (position 0)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     @property
     def finished(self) -> bool:

@@ -39,8 +39,9 @@ class Detokenizer:
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=self._skip)
 
-    def add(self, token: int) -> str | None:
-        """Feed one output token; returns the stop string it completed, if any."""
+    def add(self, token: int, can_stop: bool = True) -> str | None:
+        """Feed one output token; returns the stop string it completed, if any (never while
+        ``can_stop`` is false: before a request's ``min_new_tokens``)."""
         if self.matched is not None:
             return self.matched
         self.ids.append(token)
@@ -51,7 +52,7 @@ class Detokenizer:
         self.text += now[len(self._before):]
         self._start, self._read = len(self.ids) - 1, len(self.ids)
         self._before = self._decode(self.ids[self._start:])
-        return self._match(search_from)
+        return self._match(search_from) if can_stop else None
 
     def _match(self, search_from: int) -> str | None:
         hits = [(at, s) for s in self._stops if (at := self.text.find(s, search_from)) >= 0]

@@ -30,12 +30,13 @@ from glmlab.cache.hybrid import HybridCache
 from glmlab.cache.storage import ModelCache
 from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.presets_dir import resolve_model
-from glmlab.core import RadixMode, Req, Sampled, sample_batch, token_logprobs
+from glmlab.core import RadixMode, Req, Sampled
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.cuda_graph import make_graph_runner, replay_ready
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
 from glmlab.model.session import run_step
+from glmlab.sampling import BatchSampler
 from glmlab.speculative.engine_phase import load_spec_draft, spec_budget
 
 CPU_CACHE_BYTES = 256 << 20  # a CPU has no device memory to take a fraction of
@@ -65,6 +66,7 @@ class ModelRunner:
                              with_mtp=model.mtp is not None)
         self.cache = HybridCache(storage, cfg.radix)
         self.page_size = cfg.page_size
+        self.sampler = BatchSampler(model.cfg.vocab_size, self.device)
         self.graphs = make_graph_runner(model, storage, cfg)  # issue 15: None when not usable
         if cfg.print_budget:
             print(self.budget.table(), file=sys.stderr)
@@ -115,18 +117,9 @@ class ModelRunner:
         return run_step(self.model, self.cache.storage, plan)
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]:
-        """One token per request from its row of fp32 logits; logprobs where asked."""
-        tokens = sample_batch(logits, [r.params for r in reqs], [r.generator for r in reqs])
-        out = [Sampled((t,)) for t in tokens]
-        wanted = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
-        if wanted:
-            top = max(reqs[i].params.logprobs for i in wanted)
-            rows = torch.tensor(wanted, device=logits.device)
-            lps = token_logprobs(logits[rows], [tokens[i] for i in wanted], top)
-            for i, lp in zip(wanted, lps, strict=True):
-                k = reqs[i].params.logprobs
-                out[i] = Sampled((tokens[i],), (lp.with_top(k),))
-        return out
+        """One token per request from its row of fp32 logits (penalties, bias, grammar masks,
+        seeded draws: ``glmlab.sampling``); logprobs where asked."""
+        return self.sampler.sample(reqs, logits)
 
 
 def budget_inputs(cfg: EngineConfig, model: GLM5Model) -> BudgetInputs:

@@ -140,7 +140,10 @@ class Scheduler:
         elif len(self.running) >= self.max_running:
             return False
         reserve = req.num_prompt if req.imported else len(req.token_ids)
-        seq = self.cache.acquire(req.token_ids, reserve, brings_state=req.imported)
+        tokens = req.token_ids
+        if req.params.prompt_logprobs_from is not None and not req.output_ids:
+            tokens = tokens[:max(1, req.params.prompt_logprobs_from)]  # computed from there
+        seq = self.cache.acquire(tokens, reserve, brings_state=req.imported)
         if seq is None:
             return False
         req.cache, req.computed_len = seq, seq.prefix_len
@@ -231,8 +234,14 @@ class Scheduler:
     def _finish_reason(self, req: Req) -> FinishReason | None:
         token = req.token_ids[-1]
         text_stop = self.stop_string(req, token) if self.stop_string is not None else None
-        if token in req.stop_ids or text_stop is not None:
+        # before min_new_tokens nothing stops it (the sampler masks the stop tokens too)
+        early = len(req.token_ids) - req.num_prompt <= req.params.min_new_tokens
+        if not early and (token in req.stop_ids or text_stop is not None):
             req.matched_stop = token if token in req.stop_ids else text_stop
+            return FinishReason.STOP
+        if req.grammar is not None and (not req.grammar.accept(token)
+                                        or req.grammar.is_terminated()):
+            req.matched_stop = token  # the grammar is complete (or refused: never expected)
             return FinishReason.STOP
         if len(req.token_ids) >= req.max_len:
             return FinishReason.LENGTH
@@ -281,6 +290,20 @@ class Scheduler:
             req.status = Status.RUNNING
             self.running.append(req)
         return req
+
+    def adopt(self, req: Req, first_token: int) -> tuple[int, ...]:
+        """A parallel sample forked from its parent's lease (``glmlab.engine.parallel``): it
+        has its prompt computed and continues from ``first_token``."""
+        req.token_ids.append(first_token)
+        req.status = Status.RUNNING
+        self.running.append(req)
+        self.tracer.emit(RequestEvent.now("admit", req.rid, self.num_steps, req.cached_tokens))
+        reason = FinishReason.PREFILLED if req.hold_after_prefill else self._finish_reason(req)
+        if reason is FinishReason.PREFILLED:
+            self._park_held(req)
+        elif reason is not None:
+            self._finish(req, reason)
+        return (first_token,)
 
     def release_held(self, rid: str) -> None:
         req = self.parked.get(rid)

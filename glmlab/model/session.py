@@ -14,9 +14,10 @@ from __future__ import annotations
 import torch
 
 from glmlab.cache.storage import CacheDtypes, ModelCache
-from glmlab.core import SamplingParams, make_generator, sample
+from glmlab.core import SamplingParams
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan, StepPlan, StepResult
+from glmlab.sampling import draw
 
 
 @torch.inference_mode()
@@ -91,12 +92,13 @@ class Session:
         """Prefill ``prompt`` into sequence ``seq`` then decode one token at a time."""
         if not prompt:
             raise ValueError("prompt is empty")
-        gen = make_generator(params, self.page_table.device)
+        # the engine's draw (glmlab.sampling): a function of (seed, position) and the logits
+        seed = params.seed if params.seed is not None else int(torch.randint(1 << 62, ()))
         stop = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         out: list[int] = []
         logits = self.logits({seq: prompt})[0][-1]
         while True:
-            token = sample(logits, params, gen)
+            token = draw(logits, params, seed, len(prompt) + len(out))
             out.append(token)
             if token in stop or len(out) >= params.max_new_tokens:
                 return out

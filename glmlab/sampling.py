@@ -1,0 +1,262 @@
+"""The batched sampler: one token per row of a step's logits, every request's own rules at once.
+
+What ``SamplingParams`` asks is applied to the fp32 logits the forward returns (so nothing here
+touches a captured CUDA graph), as tensor ops over the whole batch, in this order:
+
+1. logit adjustments, only for the rows that ask: repetition penalty (prompt and output tokens:
+   positive logits divided, negative multiplied), frequency and presence penalties (output
+   tokens), ``logit_bias``, stop tokens masked until ``min_new_tokens``; then grammar bitmasks;
+2. greedy rows: argmax; the others: temperature, top-k, top-p, min-p (per-row tensors), then a
+   draw by the exponential race ``argmax(p / E)``, ``E = -log(u)``, whose uniforms ``u`` are a
+   hash of (request seed, position, token id). A request's token therefore depends on its seed,
+   its position and its distribution only: not on its batch, not on a generator's history, the
+   same after preemption, and the n samples of one prompt differ by their seeds alone.
+3. logprobs of the sampled tokens and the top-k alternatives, of the *raw* logits (before
+   temperature, penalties or masks: what the model said), for the rows that ask.
+
+Per-request state lives in a table with one row per adjusted request (output-token counts,
+prompt-token marks, bias, stop mask), filled once from the request's tokens on its first step and
+updated with a scatter after each draw; ``release`` frees the row when the request ends.
+
+This module knows torch and ``glmlab.core``; it knows nothing about scheduling or the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from glmlab.core import Req, Sampled, TokenLogprob
+
+_MASK = float("-inf")
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, vocab] uniforms in (0, 1): a splitmix64 hash of (seed, position, token id) per row.
+    int64 products wrap on every torch device, which the mixing relies on."""
+    dev = seeds.device
+    key = seeds.long() * _GOLDEN + positions.long() * _MIX2
+    x = key[:, None] + torch.arange(vocab, device=dev, dtype=torch.long)[None, :] * _GOLDEN
+    x = (x ^ _shr(x, 30)) * _MIX1
+    x = (x ^ _shr(x, 27)) * _MIX2
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 40).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample ``index`` of a prompt whose first sample has ``seed``."""
+    if index == 0:
+        return seed
+    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & ((1 << 63) - 1)
+    return x ^ (x >> 29)
+
+
+def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                 top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """softmax(logits / T) restricted by per-row top-k (<= 0: off), top-p and min-p, renormalised.
+    The most likely token always survives."""
+    x = logits / temperature[:, None]
+    vocab = x.shape[-1]
+    if bool(((top_k > 0) & (top_k < vocab)).any()) or bool((top_p < 1.0).any()):
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+        ranks = torch.arange(vocab, device=x.device)[None, :]
+        sorted_x = sorted_x.masked_fill(ranks >= k[:, None], _MASK)
+        p = sorted_x.softmax(-1)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        drop = (p.cumsum(-1) - p) >= top_p[:, None]
+        sorted_x = sorted_x.masked_fill(drop, _MASK)
+        x = torch.full_like(x, _MASK).scatter(-1, order, sorted_x)
+    probs = x.softmax(-1)
+    if bool((min_p > 0).any()):
+        floor = probs.max(-1, keepdim=True).values * min_p[:, None]
+        probs = probs.masked_fill(probs < floor, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+class _Extras:
+    """Rows of per-request state for requests whose logits are adjusted."""
+
+    def __init__(self, vocab: int, device: torch.device):
+        self.vocab, self.device = vocab, device
+        self.rows: dict[str, int] = {}
+        self.free: list[int] = []
+        self._alloc(8)
+
+    def _alloc(self, n: int) -> None:
+        v, dev = self.vocab, self.device
+        self.counts = torch.zeros(n, v, device=dev)  # output tokens so far
+        self.prompt = torch.zeros(n, v, dtype=torch.bool, device=dev)  # prompt tokens
+        self.bias = torch.zeros(n, v, device=dev)
+        self.stops = torch.zeros(n, v, dtype=torch.bool, device=dev)  # masked before min tokens
+        self.free = list(range(n - 1, -1, -1))
+
+    def _grow(self) -> None:
+        old = (self.counts, self.prompt, self.bias, self.stops)
+        n = old[0].shape[0]
+        self._alloc(2 * n)
+        for new, was in zip((self.counts, self.prompt, self.bias, self.stops), old, strict=True):
+            new[:n] = was
+        self.free = list(range(2 * n - 1, n - 1, -1))
+
+    def row(self, req: Req) -> int:
+        r = self.rows.get(req.rid)
+        if r is not None:
+            return r
+        if not self.free:
+            self._grow()
+        r = self.rows[req.rid] = self.free.pop()
+        dev, p = self.device, req.params
+        for t in (self.counts, self.prompt, self.bias, self.stops):
+            t[r] = 0
+        ids = torch.tensor(req.token_ids, dtype=torch.long, device=dev)
+        self.prompt[r, ids[:req.num_prompt]] = True
+        self.counts[r].index_add_(0, ids[req.num_prompt:], torch.ones(len(req.token_ids)
+                                                                      - req.num_prompt, device=dev))
+        if p.logit_bias:
+            tok = torch.tensor([t for t, _ in p.logit_bias], dtype=torch.long, device=dev)
+            self.bias[r].index_add_(0, tok, torch.tensor([b for _, b in p.logit_bias],
+                                                         device=dev))
+        if p.min_new_tokens and req.stop_ids:
+            self.stops[r, torch.tensor(sorted(req.stop_ids), dtype=torch.long, device=dev)] = True
+        return r
+
+    def release(self, rid: str) -> None:
+        r = self.rows.pop(rid, None)
+        if r is not None:
+            self.free.append(r)
+
+
+class BatchSampler:
+    """The engine's sampler. ``sample(reqs, logits)``: one token per request (row i of fp32
+    logits [N, V] is request i's), with logprobs where asked; ``release(rid)`` when one ends."""
+
+    def __init__(self, vocab: int, device: torch.device | str):
+        self.vocab, self.device = vocab, torch.device(device)
+        self.extras = _Extras(vocab, self.device)
+
+    def release(self, rid: str) -> None:
+        self.extras.release(rid)
+
+    def adjust(self, reqs: Sequence[Req], logits: torch.Tensor) -> torch.Tensor:
+        """Penalties, bias, min-token stop masks and grammar bitmasks; a new tensor if any."""
+        dev, x = logits.device, logits
+        adj = [i for i, r in enumerate(reqs) if r.params.adjusts_logits]
+        if adj:
+            x = x.clone()
+            idx = torch.tensor(adj, device=dev)
+            rows = torch.tensor([self.extras.row(reqs[i]) for i in adj], device=dev)
+            e = self.extras
+            counts, seen = e.counts[rows], e.prompt[rows]
+            par = [reqs[i].params for i in adj]
+            rep = torch.tensor([p.repetition_penalty for p in par], device=dev)[:, None]
+            freq = torch.tensor([p.frequency_penalty for p in par], device=dev)[:, None]
+            pres = torch.tensor([p.presence_penalty for p in par], device=dev)[:, None]
+            early = torch.tensor([len(reqs[i].token_ids) - reqs[i].num_prompt
+                                  < reqs[i].params.min_new_tokens for i in adj], device=dev)
+            sub = x[idx]
+            used = (counts > 0) | seen
+            sub = torch.where(used, torch.where(sub > 0, sub / rep, sub * rep), sub)
+            sub = sub - freq * counts - pres * (counts > 0).float() + e.bias[rows]
+            sub = sub.masked_fill(e.stops[rows] & early[:, None], _MASK)
+            x[idx] = sub
+        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if constrained:
+            x = x.clone() if x is logits else x
+            words = (x.shape[-1] + 31) // 32
+            bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
+            for i in constrained:
+                reqs[i].grammar.fill_mask(bitmask, i)
+            x.masked_fill_(~unpack_bitmask(bitmask.to(dev), x.shape[-1]), _MASK)
+        return x
+
+    def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]:
+        if not reqs:
+            return []
+        dev = logits.device
+        x = self.adjust(reqs, logits)
+        tokens = x.argmax(-1)
+        drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if drawn:
+            idx = torch.tensor(drawn, device=dev)
+            par = [reqs[i].params for i in drawn]
+            probs = filter_probs(
+                x[idx], torch.tensor([p.temperature for p in par], device=dev),
+                torch.tensor([p.top_k for p in par], device=dev),
+                torch.tensor([p.top_p for p in par], device=dev),
+                torch.tensor([p.min_p for p in par], device=dev))
+            u = seeded_uniform(torch.tensor([reqs[i].seed for i in drawn], device=dev),
+                               torch.tensor([len(reqs[i].token_ids) for i in drawn], device=dev),
+                               x.shape[-1])
+            tokens[idx] = (probs / -torch.log(u)).argmax(-1)
+        picked = tokens.tolist()
+        self._count(reqs, picked)
+        return self._with_logprobs(reqs, logits, picked)
+
+    def _count(self, reqs: Sequence[Req], picked: list[int]) -> None:
+        e = self.extras
+        adj = [i for i, r in enumerate(reqs) if r.rid in e.rows]
+        if adj:
+            dev = e.device
+            rows = torch.tensor([e.rows[reqs[i].rid] for i in adj], device=dev)
+            cols = torch.tensor([picked[i] for i in adj], device=dev)
+            e.counts.index_put_((rows, cols), torch.ones(len(adj), device=dev), accumulate=True)
+
+    @staticmethod
+    def _with_logprobs(reqs: Sequence[Req], logits: torch.Tensor,
+                       picked: list[int]) -> list[Sampled]:
+        out = [Sampled((t,)) for t in picked]
+        wanted = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        if wanted:
+            top = max(reqs[i].params.logprobs for i in wanted)
+            rows = torch.tensor(wanted, device=logits.device)
+            lps = logprobs_of(logits[rows], [picked[i] for i in wanted], top)
+            for i, lp in zip(wanted, lps, strict=True):
+                out[i] = Sampled((picked[i],), (lp.with_top(reqs[i].params.logprobs),))
+        return out
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, ceil(V/32)] int32 words -> [N, V] bool (token allowed)."""
+    ids = torch.arange(vocab, device=bitmask.device)
+    words = bitmask[:, ids // 32]
+    return ((words >> (ids % 32)) & 1).bool()
+
+
+def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """log-softmax of raw logits [N, V] at ``tokens[i]`` of row i, with ``top`` alternatives:
+    one device-to-host copy for all rows."""
+    if not len(tokens):
+        return []
+    lp = torch.log_softmax(logits.float(), -1)
+    picked = lp.gather(-1, torch.tensor(list(tokens), device=lp.device)[:, None])[:, 0]
+    if top:
+        values, ids = lp.topk(top, dim=-1)
+        picked, values, ids = picked.tolist(), values.tolist(), ids.tolist()
+        alts = [tuple(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+    else:
+        picked, alts = picked.tolist(), [()] * len(tokens)
+    return [TokenLogprob(t, p, a) for t, p, a in zip(tokens, picked, alts, strict=True)]
+
+
+def draw(logits: torch.Tensor, params, seed: int, position: int) -> int:
+    """One token from fp32 logits [V] by the rule ``BatchSampler`` applies to every row (no
+    logit adjustments): what a reference harness (``glmlab.model.session``) samples with."""
+    if params.greedy:
+        return int(logits.argmax())
+    dev = logits.device
+    one = lambda v, dtype=None: torch.tensor([v], device=dev, dtype=dtype)  # noqa: E731
+    probs = filter_probs(logits[None].float(), one(params.temperature), one(params.top_k),
+                         one(params.top_p), one(params.min_p))
+    u = seeded_uniform(one(seed, torch.long), one(position, torch.long), logits.shape[-1])
+    return int((probs / -torch.log(u)).argmax(-1))
