@@ -39,12 +39,18 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """down(swiglu(gate(x), up(x))) (+ residual, added after the product is rounded)."""
         if self.gate_up is None or not self.fast_act:
-            act = clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit)
-            return self.down_proj(act, residual)
+            return self._down(clamped_swiglu(self.gate_proj(x), self.up_proj(x), self.limit),
+                              residual)
         from glmlab.kernels.moe.act_triton import swiglu, swiglu_quant
 
         h = self.gate_up(x)  # [T, 2I]: gate columns, then up columns
-        if self.down_proj.is_fp8:
+        if self.down_proj.is_fp8 and type(self.down_proj) is Linear:
             q, s = swiglu_quant(h, self.limit)
             return self.down_proj(q, residual, x_scale=s)
-        return self.down_proj(swiglu(h, self.limit), residual)
+        return self._down(swiglu(h, self.limit), residual)
+
+    def _down(self, act: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        if type(self.down_proj) is Linear:  # the add fuses into the GEMM epilogue
+            return self.down_proj(act, residual)
+        y = self.down_proj(act)  # e.g. a row-parallel shard: add after its all-reduce
+        return y if residual is None else y + residual
