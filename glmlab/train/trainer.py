@@ -155,6 +155,9 @@ def train_target(cfg: TrainConfig, show_progress: bool = True) -> Path:
         step += 1
         if step % cfg.log_every == 0 or step == 1:
             last = {k: float(v.detach()) for k, v in losses.items()}
+            if not math.isfinite(last["total"]):
+                raise FloatingPointError(f"step {step}: loss {last} is not finite (lower --lr, "
+                                         "or try --kda-backend torch)")
             log.row({"step": step, "lr": sched.lr(step - 1), **last, "grad_norm": grad_norm,
                      "max_load_ratio": load_ratio, "dense": dense,
                      "tokens": log.tokens, "elapsed_s": budget.elapsed(),
