@@ -89,7 +89,9 @@ for n in $LENS; do
   f="$WORK/generate_$n.json"
   [ -s "$f" ] && continue
   timeout 200 $GLMLAB generate --model "$CKPT" --device "$DEV" $ENGINE --prompt-ids "$(prompt_ids $n)" \
-    --max-new-tokens $N_NEW --ignore-eos --json > "$f.tmp" && mv "$f.tmp" "$f"
+    --max-new-tokens $N_NEW --ignore-eos --json > "$f.raw" || continue
+  # NOTE: TileLang logs its JIT progress on stdout: keep the one JSON line generate prints
+  grep '^{' "$f.raw" | tail -n 1 > "$f" && rm -f "$f.raw"
   cat "$f"
 done
 
@@ -129,7 +131,7 @@ for url in urls:
     info = call(f"{url}/server_info")
     infos[info["role"]] = info
     w, e = info["weights"], info["engine"]
-    ok = (e["backends"] == f"kda={kda}, sparse_mla={mla}, moe={moe}"
+    ok = (e["backends"].startswith(f"kda={kda}, sparse_mla={mla}, moe={moe}")
           and e["fp8_weights"] == "keep" and w["fp8_tensors"] > 0)
     info_ok &= ok
     print(info["role"], "backends:", e["backends"], "| fp8_weights:", e["fp8_weights"],
