@@ -11,22 +11,32 @@ Other routes: ``GET /v1/models``, ``/health``, ``/health_generate``, ``/model_in
 ``GET /metrics``, ``GET /pd_trace``. Every error answer has one shape (errors.py); nothing a
 client sends can take the server down. The app knows a worker's public methods and its model
 card; roles, engines and transfers live behind them.
+
+Faults (docs/serving.md): a body over ``HttpLimits.max_body_bytes`` is refused (413) before it is
+read whole; a client that disconnects aborts its request, streaming or not (``until_gone``); a
+streaming client that accepts nothing for ``stream_send_timeout_s`` is dropped and its request
+aborted (``SseResponse``); a failure after the stream started ends it with an SSE error event;
+``/health`` answers 503 once the engine thread has died, so the supervisor restarts the worker.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
+from starlette.types import Message, Send
 
 from glmlab.core import InvalidRequest, RequestOutput
 from glmlab.serve.errors import RequestError, ServeError, error_body, error_response
+from glmlab.serve.limits import HttpLimits
 from glmlab.serve.metrics import ServeMetrics
 from glmlab.serve.responses import (
     ChatRenderer,
@@ -47,14 +57,58 @@ from glmlab.serve.schemas import (
 from glmlab.tokenizer import TokenizerError
 
 
-async def parse_body(request: Request, model: type[BaseModel]):
-    raw = await request.body()
+async def read_body(request: Request, limits: HttpLimits) -> bytes:
+    """The body, refused (413) past the cap: by its Content-Length before any byte is read, else
+    as soon as the bytes received pass it."""
+    limits.check_length(request.headers.get("content-length"))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise limits.too_large(f"more than {limits.max_body_bytes} bytes sent so far")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _not_a_number(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _unicode_problem(value, path: str = "") -> str | None:
+    """Where a string holds a lone UTF-16 surrogate (valid JSON escapes, not Unicode text)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"{path or 'body'}: character {e.start} is a lone surrogate " \
+                   f"({value[e.start]!a}), not Unicode text"
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, item in items:
+        problem = _unicode_problem(item, f"{path}.{key}" if path else str(key))
+        if problem:
+            return problem
+    return None
+
+
+async def parse_body(request: Request, model: type[BaseModel], limits: HttpLimits):
+    raw = await read_body(request, limits)
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON: {e}") from e
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RequestError(f"the request body is not valid UTF-8 (byte {e.start} is "
+                           f"{raw[e.start:e.start + 1]!r})", param="body") from e
+    try:  # strict: raw control characters in strings and NaN / Infinity are not JSON
+        data = json.loads(text, parse_constant=_not_a_number)
+    except ValueError as e:
+        raise RequestError(f"the request body is not valid JSON: {e}", param="body") from e
     if not isinstance(data, dict):
-        raise RequestError(f"the request body must be a JSON object, got {type(data).__name__}")
+        raise RequestError(f"the request body must be a JSON object, got {type(data).__name__}",
+                           param="body")
+    problem = _unicode_problem(data)
+    if problem:
+        raise RequestError(f"invalid request: {problem}", param=problem.split(":")[0])
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -92,10 +146,11 @@ class Api:
 
     def __init__(self, worker):
         self.worker, self.card = worker, worker.card
+        self.limits: HttpLimits = worker.wc.limits
         self.metrics = ServeMetrics(worker.stats)
 
     async def handle(self, request: Request, route: Route):
-        body = await parse_body(request, route.body)
+        body = await parse_body(request, route.body, self.limits)
         card = self.card
         if not card.accepts(body.model):
             raise RequestError(f"model {body.model!r} not found: this server serves "
@@ -111,13 +166,16 @@ class Api:
         except InvalidRequest as e:
             raise RequestError(str(e), param=e.field) from e
         if not req.stream:
-            async for _ in self.results(records, result):
-                pass
-            return render.whole(result)
+            async def whole():
+                async for _ in self.results(records, result):
+                    pass
+                return render.whole(result)
+
+            return await until_gone(request, whole(), records.aclose)
         # closing the records after the response also covers a client gone before the first
         # chunk, when the stream never started (a started one closes them itself)
         return sse(self._events(render, self.results(records, result)),
-                   BackgroundTask(records.aclose))
+                   BackgroundTask(records.aclose), self.limits.stream_send_timeout_s)
 
     async def results(self, records: AsyncIterator[RequestOutput],
                       result: Result) -> AsyncIterator[Result]:
@@ -154,16 +212,72 @@ class Api:
                 yield e
 
 
-def sse(events: AsyncIterator[dict], background: BackgroundTask) -> StreamingResponse:
+async def until_gone(request: Request, work: Awaitable, close: Callable[[], Awaitable[None]]):
+    """``await work``, unless the client disconnects first: then ``work`` is cancelled (its
+    request aborted) and nobody reads the answer. Non-streaming answers need this because
+    nothing is sent before the end, so nothing else would notice the client leave."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await close()
+    return Response(status_code=499)  # nginx's "client closed request"; the client is gone
+
+
+async def _disconnect(request: Request) -> None:
+    # the body has been read whole, so the next message is the disconnect, whenever it comes
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _ClientTooSlow(Exception):
+    pass
+
+
+class SseResponse(StreamingResponse):
+    """A stream whose every send must finish within ``send_timeout_s``: a client that stopped
+    reading is dropped (its request aborted), never waited for; the engine never waits either
+    way (records queue per request)."""
+
+    def __init__(self, content, background: BackgroundTask, send_timeout_s: float):
+        super().__init__(content, media_type="text/event-stream", background=background)
+        self.send_timeout_s = send_timeout_s
+
+    async def stream_response(self, send: Send) -> None:
+        async def timed(message: Message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout_s)
+            except asyncio.TimeoutError:
+                raise _ClientTooSlow from None
+
+        try:
+            await super().stream_response(timed)
+        except _ClientTooSlow:
+            pass  # returning without ending the response makes the server close the socket
+        finally:
+            await self.body_iterator.aclose()
+
+
+def sse(events: AsyncIterator[dict], background: BackgroundTask,
+        send_timeout_s: float = 30.0) -> StreamingResponse:
     async def body():
         try:
             async for e in events:
                 yield f"data: {json.dumps(e)}\n\n"
         except ServeError as e:
             yield f"data: {json.dumps(error_body(e.status, str(e)))}\n\n"
+        except Exception as e:  # noqa: BLE001 - after the head, an error can only be an event
+            yield f"data: {json.dumps(error_body(500, f'{type(e).__name__}: {e}'))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(body(), media_type="text/event-stream", background=background)
+    return SseResponse(body(), background, send_timeout_s)
 
 
 def build_app(worker) -> FastAPI:
@@ -201,6 +315,9 @@ def build_app(worker) -> FastAPI:
     @app.get("/health")
     @app.get("/health_generate")
     async def health():
+        failure = worker.thread.failure
+        if failure:  # answered so the supervisor restarts this worker
+            return error_response(503, "the engine thread died: " + failure.splitlines()[-1])
         return Response(status_code=200)
 
     @app.get("/model_info")

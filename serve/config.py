@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from glmlab.engine.config import EngineConfig, RadixMode
+from glmlab.serve.limits import HttpLimits
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -165,6 +166,7 @@ class WorkerConfig:
     torch_threads: int = 1
     engine: dict = field(default_factory=dict)  # the role's engine options, by field name
     transfer: TransferConfig = field(default_factory=TransferConfig)
+    limits: HttpLimits = field(default_factory=HttpLimits)  # body cap, stream send timeout
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), default=lambda e: e.value)
@@ -174,7 +176,8 @@ class WorkerConfig:
         d = json.loads(text)
         spec = d.pop("spec")
         spec["role"] = Role(spec["role"])
-        return cls(spec=InstanceSpec(**spec), transfer=TransferConfig(**d.pop("transfer")), **d)
+        return cls(spec=InstanceSpec(**spec), transfer=TransferConfig(**d.pop("transfer")),
+                   limits=HttpLimits(**d.pop("limits", {})), **d)
 
 
 # role -> the radix mode that makes sense for it (kv_only on decode: the seed's cache)

@@ -1,8 +1,10 @@
-"""sglang-router (pinned 0.3.2) in front of the workers: its command line, and waiting for it.
+"""sglang-router (pinned 0.3.2) behind the service's front: its command line, and waiting for it.
 
 PD mode: ``--pd-disaggregation --prefill URL BOOTSTRAP_PORT ... --decode URL ...``; mixed mode:
 ``--worker-urls URL ...``. Everything the router binds is pinned to the configured host, because it
-binds 0.0.0.0 (and its metrics 0.0.0.0:29000) unless told otherwise (docs/platform.md 2.5).
+binds 0.0.0.0 (and its metrics 0.0.0.0:29000) unless told otherwise (docs/platform.md 2.5). It
+listens on an internal port: the service's address is the front's (front.py), which passes every
+path it does not serve itself to the router (which answers unknown paths 404, proxying none).
 
 This module builds argv lists and probes HTTP; starting and stopping processes is the
 supervisor's job.
@@ -20,9 +22,10 @@ import urllib.request
 from glmlab.serve.config import InstanceSpec, Mode, Role, ServeConfig
 
 
-def router_argv(cfg: ServeConfig, instances: list[InstanceSpec]) -> list[str]:
+def router_argv(cfg: ServeConfig, instances: list[InstanceSpec], port: int,
+                health_interval_s: float = 2.0) -> list[str]:
     argv = [sys.executable, "-m", "sglang_router.launch_router",
-            "--host", cfg.host, "--port", str(cfg.port),
+            "--host", cfg.host, "--port", str(port),
             "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port),
             "--policy", cfg.router_policy,
             "--request-timeout-secs", str(int(cfg.request_timeout_s)),
@@ -31,6 +34,10 @@ def router_argv(cfg: ServeConfig, instances: list[InstanceSpec]) -> list[str]:
             "--worker-startup-timeout-secs", str(int(cfg.startup_timeout_s)),
             # a failed request is an answer the client must see, not something to replay
             "--disable-retries", "--disable-circuit-breaker",
+            # a restarted worker is back in rotation one probe after it answers /health again
+            # (the default, 60 s and 2 successes, would keep it out for two minutes)
+            "--health-check-interval-secs", str(max(1, round(health_interval_s))),
+            "--health-success-threshold", "1",
             "--log-level", "warn"]
     if cfg.mode is Mode.MIXED:
         return argv + ["--worker-urls", *(s.url for s in instances)]

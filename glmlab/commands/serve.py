@@ -7,6 +7,8 @@ Flags are generated from ``ServeConfig``, ``TransferConfig`` (``--transfer-*``) 
 ``--backends-kda fla``, ``--speculative-algorithm mtp``, ...) and again per role to override it
 (``--prefill-*``, ``--decode-*``; mixed workers read the decode set). Devices are per instance
 (``--prefill-devices``, ``--decode-devices``). Each worker shows what it runs in ``/server_info``.
+Supervision (``--supervise-*``: restart limits, backoff, health probes) and the HTTP limits
+(``--http-*``: body cap, stream send timeout) are described in docs/serving.md.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from glmlab.serve.config import (
     engine_config,
     prefill_options,
 )
-from glmlab.serve.supervisor import Service
+from glmlab.serve.limits import HttpLimits
+from glmlab.serve.supervisor import Service, Supervision
 
 HELP = ("serve a checkpoint (default: the tiny preset) as 1P1D behind sglang-router on "
         "127.0.0.1:30000, with NIXL transfers; SGLang /generate and OpenAI /v1 APIs")
@@ -54,6 +57,8 @@ def _engine_dests(prefix: str) -> list[str]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_dataclass_args(p, ServeConfig, exclude=("transfer",))
     add_dataclass_args(p, TransferConfig, prefix="transfer-")
+    add_dataclass_args(p, Supervision, prefix="supervise-")
+    add_dataclass_args(p, HttpLimits, prefix="http-")
     for prefix in ("", *(f"{r}-" for r in ROLES)):
         add_dataclass_args(p, EngineConfig, prefix=prefix, exclude=ENGINE_EXCLUDE)
         # None = not given: a role flag overrides the shared one, which overrides the default
@@ -112,8 +117,9 @@ def how_to_query(svc: Service) -> str:
              if cfg.launch_router or cfg.mode is Mode.MIXED else
              f"glmlab serve: {svc.served_model_name} ({svc.model_dir}) workers ready (no router: "
              "a PD request goes to a prefill and a decode worker with one bootstrap_room)",
-             f"  router    {url}  (sglang-router, {'PD' if cfg.mode is Mode.PD else 'regular'} "
-             f"mode, policy {cfg.router_policy})" if cfg.launch_router else "  (no router)"]
+             f"  service   {url}  (front: /health, /server_info; the rest to sglang-router at "
+             f"{svc.router_url}, {'PD' if cfg.mode is Mode.PD else 'regular'} mode, policy "
+             f"{cfg.router_policy})" if cfg.launch_router else "  (no router)"]
     for s in workers:
         extra = f"  bootstrap {s.bootstrap_port}" if s.bootstrap_port else ""
         lines.append(f"  {s.name:<9} {s.url}  {s.device}{extra}")
@@ -126,6 +132,8 @@ def how_to_query(svc: Service) -> str:
         lines += [f"  curl -s {url}/generate -H 'Content-Type: application/json' -d '{gen}'",
                   f"  curl -s {url}/v1/chat/completions -H 'Content-Type: application/json' "
                   f"-d '{chat}'"]
+    if cfg.launch_router:
+        lines.append(f"  curl -s {url}/server_info   (every worker's queues, pools, transfers)")
     lines.append(f"  curl -s {workers[0].url}/server_info   (what a worker runs)")
     if cfg.launch_router:
         lines.append(f"  glmlab bench --port {cfg.port} --dataset-name generated-shared-prefix "
@@ -145,7 +153,9 @@ def build_service(args: argparse.Namespace, quiet: bool = False) -> Service:
                Role.DECODE: engine_options(args, "decode")}
     options[Role.MIXED] = options[Role.DECODE]
     check_options(cfg, options)
-    return Service(cfg, model_dir, name, options, quiet=quiet)
+    return Service(cfg, model_dir, name, options, quiet=quiet,
+                   supervision=dataclass_from_args(Supervision, args, prefix="supervise-"),
+                   limits=dataclass_from_args(HttpLimits, args, prefix="http-"))
 
 
 def run(args: argparse.Namespace) -> int:

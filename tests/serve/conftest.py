@@ -25,7 +25,8 @@ PAGE = ENGINE["page_size"]
 
 
 def pd_service(tmp_path, transfer: TransferConfig | None = None,
-               engine: dict | None = None) -> Service:
+               engine: dict | None = None, **service_kw) -> Service:
+    """``service_kw``: Service's own (``supervision``, ``limits``)."""
     router, metrics, prefill, boot, decode = free_ports(5)
     cfg = ServeConfig(port=router, router_metrics_port=metrics, prefill_ports=(prefill,),
                       bootstrap_ports=(boot,), decode_ports=(decode,), log_dir=str(tmp_path),
@@ -34,7 +35,7 @@ def pd_service(tmp_path, transfer: TransferConfig | None = None,
                                                           peer_check_interval_s=0.2))
     engine = engine or ENGINE
     return Service(cfg, preset_checkpoint("tiny"), "tiny",
-                   {Role.PREFILL: engine, Role.DECODE: engine}, quiet=True)
+                   {Role.PREFILL: engine, Role.DECODE: engine}, quiet=True, **service_kw)
 
 
 def mixed_service(tmp_path, engine: dict | None = None) -> Service:
