@@ -77,13 +77,15 @@ class Tokenizer:
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **kwargs) -> str:
+        """``kwargs``: the template's own variables (``tools``, ``enable_thinking``...)."""
         if not self.chat_template:
             raise TokenizerError("this checkpoint's tokenizer has no chat template")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         try:
             return env.from_string(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt
+                messages=messages, add_generation_prompt=add_generation_prompt, **kwargs
             )
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from e

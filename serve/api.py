@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -34,8 +33,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.background import BackgroundTask
 from starlette.types import Message, Send
 
-from glmlab.core import InvalidRequest, RequestOutput
+from glmlab.core import InvalidRequest
+from glmlab.serve import chat
 from glmlab.serve.errors import RequestError, ServeError, error_body, error_response
+from glmlab.serve.generation import merge, open_batch, open_samples
+from glmlab.serve.grammar import GrammarCache
 from glmlab.serve.limits import HttpLimits
 from glmlab.serve.metrics import ServeMetrics
 from glmlab.serve.responses import (
@@ -49,8 +51,6 @@ from glmlab.serve.schemas import (
     ChatBody,
     CompletionBody,
     GenerateBody,
-    GenRequest,
-    from_chat,
     from_completion,
     from_generate,
 )
@@ -117,27 +117,21 @@ async def parse_body(request: Request, model: type[BaseModel], limits: HttpLimit
         raise RequestError(f"invalid request: {problems}") from e
 
 
-def _chat_request(body: ChatBody, card) -> GenRequest:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-    prompt = card.tokenizer.apply_chat_template(
-        messages, add_generation_prompt=not body.continue_final_message)
-    return from_chat(body, prompt)
-
-
 @dataclass(frozen=True)
 class Route:
     """What one generation API adds to the shared path."""
 
     body: type[BaseModel]
-    reduce: Callable  # (body, card) -> GenRequest
+    reduce: Callable  # (body, card) -> GenBatch
     renderer: type[Renderer]
+    parsers: Callable = lambda _body, _card: None  # chat: reasoning / tool-call parsers
 
 
 ROUTES = {
     "/generate": Route(GenerateBody, lambda body, _card: from_generate(body), SglangRenderer),
     "/v1/completions": Route(CompletionBody, lambda body, _card: from_completion(body),
                              CompletionRenderer),
-    "/v1/chat/completions": Route(ChatBody, _chat_request, ChatRenderer),
+    "/v1/chat/completions": Route(ChatBody, chat.reduce, ChatRenderer, chat.parsers_for),
 }
 
 
@@ -148,6 +142,7 @@ class Api:
         self.worker, self.card = worker, worker.card
         self.limits: HttpLimits = worker.wc.limits
         self.metrics = ServeMetrics(worker.stats)
+        self.grammars = GrammarCache(worker.card.tokenizer, worker.engine.model.cfg.vocab_size)
 
     async def handle(self, request: Request, route: Route):
         body = await parse_body(request, route.body, self.limits)
@@ -155,61 +150,47 @@ class Api:
         if not card.accepts(body.model):
             raise RequestError(f"model {body.model!r} not found: this server serves "
                                f"{card.served_model_name!r}", status=404, param="model")
-        req = route.reduce(body, card)
+        batch = await self.grammars.compile_for(route.reduce(body, card))
         options = getattr(body, "stream_options", None)
-        render = route.renderer(req, card.served_model_name, card.tokenizer,
-                                bool(options and options.include_usage))
-        ids = list(req.input_ids) if req.input_ids is not None else card.tokenizer.encode(req.text)
-        result = Result(req.rid, len(ids))
+        render = route.renderer(batch, card.served_model_name, card.tokenizer,
+                                bool(options and options.include_usage),
+                                route.parsers(body, self.worker.wc))
         try:
-            records = await self.worker.open(req, ids, result.meta)
+            subs = await open_batch(self.worker, batch, card.tokenizer.encode, open_samples)
         except InvalidRequest as e:
             raise RequestError(str(e), param=e.field) from e
-        if not req.stream:
-            async def whole():
-                async for _ in self.results(records, result):
-                    pass
-                return render.whole(result)
 
-            return await until_gone(request, whole(), records.aclose)
+        async def close():
+            for s in subs:
+                await s.records.aclose()
+
+        if not batch.stream:
+            async def whole():
+                for s in subs:  # records queue per request: reading in turn loses nothing
+                    async for _ in s.results(self._finished):
+                        pass
+                return render.whole([s.result for s in subs])
+
+            return await until_gone(request, whole(), close)
         # closing the records after the response also covers a client gone before the first
         # chunk, when the stream never started (a started one closes them itself)
-        return sse(self._events(render, self.results(records, result)),
-                   BackgroundTask(records.aclose), self.limits.stream_send_timeout_s)
+        return sse(self._events(render, subs), BackgroundTask(close),
+                   self.limits.stream_send_timeout_s)
 
-    async def results(self, records: AsyncIterator[RequestOutput],
-                      result: Result) -> AsyncIterator[Result]:
-        """``result`` after each record, until the request finishes; closing early (a client
-        gone) aborts it in the worker."""
-        start, first, status = time.perf_counter(), None, "error"
-        try:
-            async for out in records:
-                if first is None and out.new_token_ids:
-                    first = time.perf_counter()
-                result.add(out)
-                yield result
-                if result.finish_reason is not None:
-                    status = result.finish_reason.value
-                    break
-        finally:
-            await records.aclose()
-            ttft = None if first is None else first - start
-            self.metrics.finished(status, result.prompt_tokens, result.completion_tokens,
-                                  result.cached_tokens, ttft, time.perf_counter() - start)
+    def _finished(self, r: Result, ttft: float | None, e2e: float) -> None:
+        status = r.finish_reason.value if r.finish_reason is not None else "error"
+        self.metrics.finished(status, r.prompt_tokens, r.completion_tokens, r.cached_tokens,
+                              ttft, e2e)
 
-    @staticmethod
-    async def _events(render: Renderer, results: AsyncIterator[Result]) -> AsyncIterator[dict]:
+    async def _events(self, render: Renderer, subs) -> AsyncIterator[dict]:
         for e in render.head():
             yield e
-        last = None
-        async for r in results:
-            last = r
+        async for r in merge([s.results(self._finished) for s in subs]):
             chunk = render.chunk(r)
             if chunk is not None:
                 yield chunk
-        if last is not None:
-            for e in render.tail(last):
-                yield e
+        for e in render.tail([s.result for s in subs]):
+            yield e
 
 
 async def until_gone(request: Request, work: Awaitable, close: Callable[[], Awaitable[None]]):

@@ -98,6 +98,8 @@ class ServeConfig:
     request_timeout_s: float = 600.0
     startup_timeout_s: float = 300.0
     torch_threads: int = 1  # per CPU worker; several workers share the cores
+    reasoning_parser: str = ""  # glm45: <think> -> reasoning_content (chat); "" = off
+    tool_call_parser: str = ""  # glm47 | glm45: GLM tool calls -> tool_calls (chat); "" = off
     log_dir: str = ""  # worker and router logs; default: a temporary directory
     transfer: TransferConfig = field(default_factory=TransferConfig)
 
@@ -164,6 +166,8 @@ class WorkerConfig:
     model_dir: str
     served_model_name: str
     torch_threads: int = 1
+    reasoning_parser: str = ""
+    tool_call_parser: str = ""
     engine: dict = field(default_factory=dict)  # the role's engine options, by field name
     transfer: TransferConfig = field(default_factory=TransferConfig)
     limits: HttpLimits = field(default_factory=HttpLimits)  # body cap, stream send timeout

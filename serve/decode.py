@@ -175,7 +175,8 @@ class DecodeWorker(PDWorker):
         r = _Recv(req.rid, b.room, ids, base)
 
         def submit():
-            self.engine.add_request(ids, req.params, rid=req.rid, imported=True)
+            self.engine.add_request(ids, req.params, rid=req.rid, imported=True,
+                                    grammar=req.matcher())
             self.importing[req.rid] = r
 
         try:

@@ -169,7 +169,8 @@ class PrefillWorker(PDWorker):
                           decode_prefix_len=msg.decode_prefix_len, pages=len(msg.dst_pages))
 
         def start():
-            self.engine.add_request(ids, req.params, rid=req.rid, hold_after_prefill=True)
+            self.engine.add_request(ids, req.params, rid=req.rid, hold_after_prefill=True,
+                                    grammar=req.matcher())
             self.pushes[req.rid] = _Push(msg, peer)
 
         try:

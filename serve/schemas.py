@@ -1,27 +1,34 @@
-"""Request bodies of the three generation APIs, validated strictly, reduced to one ``GenRequest``.
+"""Request bodies of the three generation APIs, validated strictly, reduced to one ``GenBatch``.
 
 SGLang-native ``POST /generate``, OpenAI ``POST /v1/completions`` and ``POST /v1/chat/completions``.
 Types are strict (a string is not a number, a float is not an int). Unknown top-level fields are
-tolerated, because sglang-router adds its own (``bootstrap_*``, ``log_metrics``, ``no_logs``...);
-unknown *sampling* parameters are rejected (SGLang does the same), and known parameters that
-glmlab does not implement (penalties, n > 1, constrained decoding...) are rejected with their name
-rather than silently ignored.
+tolerated, because sglang-router adds its own (``log_metrics``, ``no_logs``...); unknown
+*sampling* parameters are rejected (SGLang does the same), and the few known ones glmlab does not
+implement (``suffix``, ``best_of`` other than n) are rejected with their name, never ignored.
 
-Validation of values (temperature range, ...) is the engine's (``SamplingParams``, then
+A body is one prompt or a batch (a list of strings or of token-id lists), each sampled ``n``
+times: a ``GenBatch`` of one ``GenRequest`` per prompt. The PD bootstrap fields come as SGLang's
+workers take them (``bootstrap_host/port/room`` each a value or a list, one per prompt x sample;
+a single room with several sub-requests means room + i, as ``io_struct`` normalises them).
+
+Validation of values (temperature range, penalties...) is the engine's (``SamplingParams``, then
 ``Engine.add_request`` for the prompt), so HTTP and ``LLM`` accept and reject the same things.
 This module knows request shapes only: no tokenizer, no engine, no HTTP.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from glmlab.core import InvalidRequest, SamplingParams
 from glmlab.serve.errors import RequestError
+
+Ids = list[int]
 
 
 class _Strict(BaseModel):
@@ -54,23 +61,26 @@ class SglSamplingParams(BaseModel):
     ebnf: str | None = None
     structural_tag: str | None = None
     custom_params: dict | None = None
-    logit_bias: dict | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+Many = str | list[str] | None
 
 
 class GenerateBody(_Strict):
     text: str | list[str] | None = None
-    input_ids: list[int] | list[list[int]] | None = None
+    input_ids: Ids | list[Ids] | None = None
     sampling_params: SglSamplingParams = Field(default_factory=SglSamplingParams)
     stream: bool = False
-    rid: str | None = None
+    rid: str | list[str] | None = None
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     model: str | None = None
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
-    bootstrap_room: int | None = None
+    bootstrap_host: Many = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class StreamOptions(BaseModel):
@@ -97,16 +107,22 @@ class _OpenAIBody(_Strict):
     no_stop_trim: bool = False
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    logit_bias: dict | None = None
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: dict[str, float] | None = None
+    response_format: dict | None = None
+    regex: str | None = None  # SGLang's extensions of the OpenAI bodies
+    json_schema: str | None = None
+    ebnf: str | None = None
     user: str | None = None
     rid: str | None = None
-    bootstrap_host: str | None = None
-    bootstrap_port: int | None = None
-    bootstrap_room: int | None = None
+    bootstrap_host: Many = None
+    bootstrap_port: int | list[int] | None = None
+    bootstrap_room: int | list[int] | None = None
 
 
 class CompletionBody(_OpenAIBody):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | Ids | list[Ids]
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
@@ -123,6 +139,10 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "observation"]
     content: str | list[ContentPart] | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -136,8 +156,12 @@ class ChatBody(_OpenAIBody):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list | None = None
-    response_format: dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: dict | None = None
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
     continue_final_message: bool = False
 
 
@@ -150,9 +174,17 @@ class Bootstrap:
 
 
 @dataclass(frozen=True)
+class GrammarSpec:
+    """A constraint on the output: compiled once per (kind, source) by ``glmlab.grammar``."""
+
+    kind: Literal["json_object", "json_schema", "regex", "ebnf", "structural_tag"]
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class GenRequest:
-    """What every API reduces to: one prompt (text or ids) and how to continue it (the engine's
-    ``SamplingParams``, which also say whether logprobs and which text are wanted)."""
+    """One prompt (text or ids) and how to continue it: the engine's ``SamplingParams`` (which
+    say ``n``, logprobs and which text), a grammar, and one bootstrap per sample in PD."""
 
     rid: str
     text: str | None
@@ -160,10 +192,34 @@ class GenRequest:
     params: SamplingParams
     stream: bool
     bootstrap: Bootstrap | None
+    grammar: GrammarSpec | None = None
+    bootstraps: tuple[Bootstrap | None, ...] = ()  # per sample (n > 1), else (bootstrap,)
+    compiled: object | None = field(default=None, compare=False)  # serve/grammar.py
+
+    def matcher(self):
+        """A fresh grammar matcher for the engine (None without a constraint)."""
+        return None if self.compiled is None else self.compiled.matcher()
 
     @property
     def return_logprob(self) -> bool:
         return self.params.logprobs is not None
+
+
+@dataclass(frozen=True)
+class GenBatch:
+    """Everything one body asks: its prompts (each ``params.n`` samples) and how to show them."""
+
+    requests: tuple[GenRequest, ...]
+    batched: bool  # the body gave a list of prompts (or n > 1 on /generate): answer a list
+    stream: bool
+    top_logprobs: int = 0  # alternatives shown per token
+    echo: bool = False  # completions: the prompt is part of the text (and of the logprobs)
+    logprob_texts: bool = False  # /generate return_text_in_logprobs
+    extra: dict = field(default_factory=dict)  # route-specific (chat: tools, reasoning)
+
+    @property
+    def n(self) -> int:
+        return self.requests[0].params.n
 
 
 def _unsupported(name: str, value, default) -> None:
@@ -172,114 +228,189 @@ def _unsupported(name: str, value, default) -> None:
                            param=name)
 
 
-def _bootstrap(body) -> Bootstrap | None:
-    got = (body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
-    if all(v is None for v in got):
-        return None
-    if body.bootstrap_host is None or body.bootstrap_room is None:
+def _listify(value, num: int, name: str, step: bool = False) -> list:
+    if not isinstance(value, list):
+        return [value + i if step else value for i in range(num)]
+    if len(value) != num:
+        raise RequestError(f"{name} lists {len(value)} values for {num} sub-requests",
+                           param=name)
+    return list(value)
+
+
+def bootstraps(body, num: int) -> list[Bootstrap | None]:
+    """One bootstrap per sub-request (prompt-major, then sample), normalised as SGLang's
+    workers do; all None outside PD."""
+    host, port, room = body.bootstrap_host, body.bootstrap_port, body.bootstrap_room
+    if host is None and port is None and room is None:
+        return [None] * num
+    if host is None or room is None:
         raise RequestError("bootstrap_host and bootstrap_room must come together",
                            param="bootstrap_room")
-    if body.bootstrap_port is None:
+    if port is None:
         raise RequestError("bootstrap_port is null: start the router with the prefill's "
                            "bootstrap port (--prefill URL PORT)", param="bootstrap_port")
-    if body.bootstrap_room < 0:
+    rooms = _listify(room, num, "bootstrap_room", step=True)
+    if any(r < 0 for r in rooms):
         raise RequestError("bootstrap_room must be >= 0", param="bootstrap_room")
-    return Bootstrap(body.bootstrap_host, body.bootstrap_port, body.bootstrap_room)
+    return [Bootstrap(h, p, r) for h, p, r in zip(_listify(host, num, "bootstrap_host"),
+                                                  _listify(port, num, "bootstrap_port"), rooms,
+                                                  strict=True)]
 
 
 def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop or ())
 
 
-def _params(*, temperature, top_p, top_k, min_p, max_new_tokens, stop, stop_token_ids,
-            ignore_eos, seed, logprob: bool, skip_special_tokens: bool,
-            no_stop_trim: bool) -> SamplingParams:
-    _unsupported("min_p", min_p, 0.0)
+def _bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    out = []
+    for key, value in (bias or {}).items():
+        try:
+            out.append((int(key), float(value)))
+        except ValueError:
+            raise RequestError(f"logit_bias keys must be token ids, got {key!r}",
+                               param="logit_bias") from None
+    return tuple(out)
+
+
+def params(**kw) -> SamplingParams:
+    kw["stop"] = _stops(kw.get("stop"))
+    kw["stop_token_ids"] = tuple(kw.get("stop_token_ids") or ())
+    kw["logit_bias"] = _bias(kw.get("logit_bias"))
     try:
-        return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
-                              max_new_tokens=max_new_tokens, stop=_stops(stop),
-                              stop_token_ids=tuple(stop_token_ids or ()), ignore_eos=ignore_eos,
-                              seed=seed, logprobs=0 if logprob else None,
-                              skip_special_tokens=skip_special_tokens,
-                              include_stop_str=no_stop_trim)
+        return SamplingParams(**kw)
     except InvalidRequest as e:
         raise RequestError(str(e), param=e.field) from e
 
 
-def _first(*values):
-    return next(v for v in values if v is not None)
+def grammar_of(regex=None, json_schema=None, ebnf=None, structural_tag=None,
+               response_format: dict | None = None) -> GrammarSpec | None:
+    given = [(k, v) for k, v in (("regex", regex), ("json_schema", json_schema), ("ebnf", ebnf),
+                                 ("structural_tag", structural_tag)) if v is not None]
+    fmt = (response_format or {}).get("type", "text")
+    if fmt == "json_object":
+        given.append(("json_object", ""))
+    elif fmt == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        schema = spec.get("schema", spec.get("schema_"))
+        if not isinstance(schema, dict):
+            raise RequestError("response_format json_schema needs json_schema.schema (an "
+                               "object)", param="response_format")
+        given.append(("json_schema", json.dumps(schema)))
+    elif fmt not in ("text", None):
+        raise RequestError(f"response_format type {fmt!r}: choose text, json_object or "
+                           "json_schema", param="response_format")
+    if len(given) > 1:
+        raise RequestError(f"at most one constraint per request, got {[k for k, _ in given]}",
+                           param=given[1][0])
+    return GrammarSpec(*given[0]) if given else None
 
 
 def _rid(rid: str | None) -> str:
     return rid or uuid.uuid4().hex
 
 
-def from_generate(body: GenerateBody) -> GenRequest:
-    if isinstance(body.text, list) or (body.input_ids and isinstance(body.input_ids[0], list)):
-        raise RequestError("batch requests (a list of prompts) are not supported: "
-                           "send one request per prompt", param="text")
-    if (body.text is None) == (body.input_ids is None):
+def _prompts(text, ids, name: str) -> tuple[list, bool]:
+    """(prompts: str or tuple of ids each, batched)."""
+    if (text is None) == (ids is None):
         raise RequestError("give exactly one of text or input_ids", param="text")
+    if text is not None:
+        return ([text], False) if isinstance(text, str) else (list(text), True)
+    if ids and isinstance(ids[0], list):
+        return [tuple(p) for p in ids], True
+    return [tuple(ids)], False
+
+
+def _batch(prompts: list, batched: bool, p: SamplingParams, body, stream: bool,
+           grammar: GrammarSpec | None, rids: list[str] | None = None, **show) -> GenBatch:
+    if not prompts:
+        raise RequestError("the batch of prompts is empty", param="prompt")
+    boots = bootstraps(body, len(prompts) * p.n)
+    reqs = []
+    for i, prompt in enumerate(prompts):
+        rid = rids[i] if rids else _rid(None if batched else body.rid)
+        mine = tuple(boots[i * p.n:(i + 1) * p.n])
+        text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+        reqs.append(GenRequest(rid, text, ids, p, stream, mine[0], grammar, mine))
+    return GenBatch(tuple(reqs), batched, stream, **show)
+
+
+def from_generate(body: GenerateBody) -> GenBatch:
+    prompts, batched = _prompts(body.text, body.input_ids, "text")
     sp = body.sampling_params
-    for name, default in (("n", 1), ("min_new_tokens", 0), ("frequency_penalty", 0.0),
-                          ("presence_penalty", 0.0), ("repetition_penalty", 1.0), ("regex", None),
-                          ("json_schema", None), ("ebnf", None), ("structural_tag", None),
-                          ("logit_bias", None)):
-        _unsupported(name, getattr(sp, name), default)
-    if body.top_logprobs_num:
-        raise RequestError("top_logprobs_num is not supported (only the sampled token's "
-                           "logprob)", param="top_logprobs_num")
-    params = _params(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
-                     max_new_tokens=sp.max_new_tokens, stop=sp.stop,
-                     stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos,
-                     seed=sp.sampling_seed if sp.sampling_seed is not None else sp.seed,
-                     logprob=body.return_logprob, skip_special_tokens=sp.skip_special_tokens,
-                     no_stop_trim=sp.no_stop_trim)
-    return GenRequest(_rid(body.rid), body.text,
-                      None if body.input_ids is None else tuple(body.input_ids), params,
-                      body.stream, _bootstrap(body))
+    _unsupported("custom_params", sp.custom_params, None)
+    if body.top_logprobs_num < 0:
+        raise RequestError("top_logprobs_num must be >= 0", param="top_logprobs_num")
+    p = params(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
+               max_new_tokens=sp.max_new_tokens, min_new_tokens=sp.min_new_tokens, stop=sp.stop,
+               stop_token_ids=sp.stop_token_ids, ignore_eos=sp.ignore_eos,
+               seed=sp.sampling_seed if sp.sampling_seed is not None else sp.seed,
+               logprobs=body.top_logprobs_num if body.return_logprob else None,
+               skip_special_tokens=sp.skip_special_tokens, include_stop_str=sp.no_stop_trim,
+               n=sp.n, frequency_penalty=sp.frequency_penalty,
+               presence_penalty=sp.presence_penalty, repetition_penalty=sp.repetition_penalty,
+               logit_bias=sp.logit_bias,
+               prompt_logprobs_from=(body.logprob_start_len if body.return_logprob
+                                     and body.logprob_start_len >= 0 else None))
+    rids = None
+    if isinstance(body.rid, list):
+        rids = _listify(body.rid, len(prompts), "rid")
+    elif body.rid is not None and batched:
+        rids = [f"{body.rid}-{i}" for i in range(len(prompts))]
+    grammar = grammar_of(sp.regex, sp.json_schema, sp.ebnf, sp.structural_tag)
+    return _batch(prompts, batched or p.n > 1, p, body, body.stream, grammar, rids,
+                  top_logprobs=body.top_logprobs_num, logprob_texts=body.return_text_in_logprobs)
 
 
-def _openai_common(body: _OpenAIBody, max_tokens: int, logprob: bool) -> SamplingParams:
-    for name, default in (("n", 1), ("frequency_penalty", 0.0), ("presence_penalty", 0.0),
-                          ("logit_bias", None)):
-        _unsupported(name, getattr(body, name), default)
-    return _params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                   min_p=body.min_p, max_new_tokens=max_tokens, stop=body.stop,
-                   stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos, seed=body.seed,
-                   logprob=logprob, skip_special_tokens=body.skip_special_tokens,
-                   no_stop_trim=body.no_stop_trim)
+def _openai_params(body: _OpenAIBody, max_tokens: int, logprobs: int | None, **extra):
+    return params(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                  min_p=body.min_p, max_new_tokens=max_tokens, min_new_tokens=body.min_tokens,
+                  stop=body.stop, stop_token_ids=body.stop_token_ids, ignore_eos=body.ignore_eos,
+                  seed=body.seed, logprobs=logprobs, skip_special_tokens=body.skip_special_tokens,
+                  include_stop_str=body.no_stop_trim, n=body.n,
+                  frequency_penalty=body.frequency_penalty,
+                  presence_penalty=body.presence_penalty,
+                  repetition_penalty=body.repetition_penalty, logit_bias=body.logit_bias, **extra)
 
 
-def from_completion(body: CompletionBody) -> GenRequest:
+def from_completion(body: CompletionBody) -> GenBatch:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise RequestError("a list of several prompts is not supported: send one request "
-                               "per prompt", param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, list) and not prompt:
+        prompts, batched = [p if isinstance(p, str) else tuple(p) for p in prompt], True
+    else:
+        prompts, batched = [prompt if isinstance(prompt, str) else tuple(prompt)], False
+    if any(len(p) == 0 for p in prompts if not isinstance(p, str)):
         raise RequestError("prompt is empty", param="prompt")
     _unsupported("suffix", body.suffix, None)
-    _unsupported("echo", body.echo, False)
-    if body.best_of not in (None, 1):
-        _unsupported("best_of", body.best_of, 1)
+    if body.best_of not in (None, body.n):
+        raise RequestError(f"best_of={body.best_of} is not supported (only best_of = n)",
+                           param="best_of")
     max_tokens = _first(body.max_completion_tokens, body.max_tokens, 16)  # OpenAI's default
-    params = _openai_common(body, max_tokens, body.logprobs is not None)
-    text, ids = (prompt, None) if isinstance(prompt, str) else (None, tuple(prompt))
-    return GenRequest(_rid(body.rid), text, ids, params, body.stream, _bootstrap(body))
+    lp = body.logprobs
+    p = _openai_params(body, max_tokens, lp,
+                       prompt_logprobs_from=0 if body.echo and lp is not None else None)
+    grammar = grammar_of(body.regex, body.json_schema, body.ebnf,
+                         response_format=body.response_format)
+    return _batch(prompts, batched, p, body, body.stream, grammar, top_logprobs=lp or 0,
+                  echo=body.echo)
 
 
-def from_chat(body: ChatBody, prompt_text: str) -> GenRequest:
-    """``prompt_text``: the messages rendered by the checkpoint's chat template."""
-    if body.tools:
-        raise RequestError("tools are not supported by glmlab", param="tools")
-    if body.response_format and body.response_format.get("type", "text") != "text":
-        raise RequestError("response_format other than text is not supported",
-                           param="response_format")
-    if body.top_logprobs:
-        raise RequestError("top_logprobs is not supported", param="top_logprobs")
+def _first(*values):
+    return next(v for v in values if v is not None)
+
+
+def from_chat(body: ChatBody, prompt_text: str, grammar: GrammarSpec | None = None,
+              extra: dict | None = None) -> GenBatch:
+    """``prompt_text``: the messages rendered by the checkpoint's chat template; ``grammar``:
+    what ``tool_choice`` requires (else the body's own constraint)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     # sglang-router rewrites max_tokens to max_completion_tokens (docs/platform.md 2.5)
-    params = _openai_common(body, _first(body.max_completion_tokens, body.max_tokens, 128),
-                            body.logprobs)
-    return GenRequest(_rid(body.rid), prompt_text, None, params, body.stream, _bootstrap(body))
+    p = _openai_params(body, _first(body.max_completion_tokens, body.max_tokens, 128),
+                       (body.top_logprobs or 0) if body.logprobs else None)
+    own = grammar_of(body.regex, body.json_schema, body.ebnf,
+                     response_format=body.response_format)
+    if grammar is not None and own is not None:
+        raise RequestError("tool_choice and response_format both constrain the output: "
+                           "give one", param="response_format")
+    return _batch([prompt_text], False, p, body, body.stream, grammar or own,
+                  top_logprobs=body.top_logprobs or 0, extra=extra or {})

@@ -162,7 +162,8 @@ class Worker:
         box = await self._register(req.rid)
         self.timeline.add(req.rid, "admitted", prompt_len=len(ids))
         try:
-            await self.thread.call(lambda: self.engine.add_request(ids, req.params, rid=req.rid))
+            await self.thread.call(lambda: self.engine.add_request(ids, req.params, rid=req.rid,
+                                                                   grammar=req.matcher()))
         except BaseException:
             self._forget(req.rid, abort=False)
             raise

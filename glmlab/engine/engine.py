@@ -234,9 +234,9 @@ class Engine:
             raise InvalidRequest("prompt", "token ids must be integers") from None
         req = self._new_request(ids, params, rid)
         req.imported, req.hold_after_prefill, req.grammar = imported, hold_after_prefill, grammar
-        if grammar is not None and (imported or params.n > 1):
-            raise InvalidRequest("params", "a grammar-constrained request is computed here "
-                                 "with n = 1 (not imported, not parallel-sampled)")
+        if grammar is not None and params.n > 1:
+            raise InvalidRequest("n", "a grammar-constrained request has one sample (n = 1): "
+                                 "give each sample its own matcher")
         # speculation keeps per-request drafter state that a fork cannot copy, and an imported
         # prompt arrives per sample: then n requests from the start (the radix tree may share)
         siblings = (parallel.siblings(req) if params.n > 1 and (self.spec or imported) else [])
