@@ -75,40 +75,47 @@ def test_generate_schema_reduces_and_rejects():
     req = from_generate(GenerateBody.model_validate({
         "text": "hi", "sampling_params": {"temperature": 0, "max_new_tokens": 3, "stop": "x"},
         "bootstrap_host": "127.0.0.1", "bootstrap_port": 8998, "bootstrap_room": 7,
-        "log_metrics": True}))
+        "log_metrics": True})).requests[0]
     assert req.params.max_new_tokens == 3 and req.params.stop == ("x",)
     assert req.bootstrap.room == 7
+    # n > 1 with one room: rooms room + i, as SGLang's workers expand them
+    batch = from_generate(GenerateBody.model_validate({
+        "input_ids": [[1, 2], [3]], "sampling_params": {"n": 2, "frequency_penalty": 0.5},
+        "bootstrap_host": "h", "bootstrap_port": 1, "bootstrap_room": 10}))
+    assert [b.room for r in batch.requests for b in r.bootstraps] == [10, 11, 12, 13]
+    assert batch.requests[0].params.frequency_penalty == 0.5 and batch.batched
     with pytest.raises(RequestError, match="frequency_penalty"):
         from_generate(GenerateBody.model_validate(
-            {"text": "a", "sampling_params": {"frequency_penalty": 0.5}}))
+            {"text": "a", "sampling_params": {"frequency_penalty": 5.0}}))
     with pytest.raises(RequestError, match="exactly one"):
         from_generate(GenerateBody.model_validate({"text": "a", "input_ids": [1]}))
 
 
 def test_records_fold_into_one_result_rendered_per_api():
     tok = Tokenizer.from_dir(preset_checkpoint("tiny"))
-    req = from_generate(GenerateBody.model_validate({
+    batch = from_generate(GenerateBody.model_validate({
         "input_ids": [1, 2, 3], "return_logprob": True,
         "sampling_params": {"max_new_tokens": 4, "stop": "lo"}}))
+    req = batch.requests[0]
     r = Result(req.rid, prompt_tokens=3)
     r.add(RequestOutput(req.rid, (10, 11), "hel", (TokenLogprob(10, -0.5),
                                                     TokenLogprob(11, -0.25)), cached_tokens=2))
-    sglang = SglangRenderer(req, "tiny", tok)
+    sglang = SglangRenderer(batch, "tiny", tok)
     chunk = sglang.chunk(r)
     assert chunk["text"] == "hel" and chunk["meta_info"]["finish_reason"] is None
     r.add(RequestOutput(req.rid, (12,), "", (TokenLogprob(12, -1.0),), cached_tokens=2,
                         finish_reason=FinishReason.STOP, matched_stop="lo"))
-    whole = sglang.whole(r)
+    whole = sglang.whole([r])
     assert whole["text"] == "hel" and whole["output_ids"] == [10, 11, 12]
     assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": "lo"}
     assert whole["meta_info"]["output_token_logprobs"] == [[-0.5, 10, None], [-0.25, 11, None],
                                                            [-1.0, 12, None]]
     assert whole["meta_info"]["cached_tokens"] == 2 and whole["meta_info"]["completion_tokens"] == 3
-    chat = ChatRenderer(req, "tiny", tok, include_usage=True)
-    assert chat.whole(r)["choices"][0]["finish_reason"] == "stop"
+    chat = ChatRenderer(batch, "tiny", tok, include_usage=True)
+    assert chat.whole([r])["choices"][0]["finish_reason"] == "stop"
     assert chat.head()[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert chat.tail(r)[0]["usage"]["total_tokens"] == 6
-    cmpl = CompletionRenderer(req, "tiny", tok).whole(r)
+    assert chat.tail([r])[0]["usage"]["total_tokens"] == 6
+    cmpl = CompletionRenderer(batch, "tiny", tok).whole([r])
     assert cmpl["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -0.25, -1.0]
     assert cmpl["usage"]["prompt_tokens_details"]["cached_tokens"] == 2
 
