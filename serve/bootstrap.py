@@ -140,6 +140,7 @@ def bootstrap_app(info: Callable[[], PeerInfo], register: Callable[[PeerInfo], A
     whether the room's WRITE was already posted (then decode must wait for its notification
     before reusing the pages)."""
     app = FastAPI(title="glmlab bootstrap", docs_url=None, redoc_url=None)
+    registered: set[str] = set()  # decode agents registered with *this* process
 
     @app.get("/health")
     async def health() -> dict:
@@ -161,6 +162,7 @@ def bootstrap_app(info: Callable[[], PeerInfo], register: Callable[[PeerInfo], A
                                      f"{peer.page_size}, prefill {mine.layout()} page "
                                      f"{mine.page_size}")
         await register(peer)
+        registered.add(peer.agent_name)
         return {"status": "registered", "prefill_agent": mine.agent_name}
 
     @app.post("/rooms/{room}")
@@ -169,6 +171,9 @@ def bootstrap_app(info: Callable[[], PeerInfo], register: Callable[[PeerInfo], A
             msg = RoomMessage.from_json({**await request.json(), "room": room})
         except (ValueError, KeyError, TypeError) as e:
             raise HTTPException(400, f"bad room message: {e}") from e
+        if msg.decode_agent not in registered:  # this prefill restarted since decode paired
+            raise HTTPException(409, f"unknown decode agent {msg.decode_agent!r}: register "
+                                     "again (PUT /peers)")
         rooms.put(msg)
         return {"status": "ok"}
 
@@ -216,6 +221,10 @@ class BootstrapClient:
 
     async def send_room(self, base: str, msg: RoomMessage) -> None:
         r = await self._http.post(f"{base}/rooms/{msg.room}", json=msg.to_json())
+        if r.status_code == 409 and "unknown decode agent" in r.text:
+            self.forget(base)  # a restarted prefill: pair again, then send the room once more
+            await self.connect(base)
+            r = await self._http.post(f"{base}/rooms/{msg.room}", json=msg.to_json())
         if r.status_code != 200:
             raise RuntimeError(f"prefill at {base} refused room {msg.room}: {r.text}")
 

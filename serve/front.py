@@ -14,7 +14,7 @@ request is passed to the router unchanged (body, query, headers but hop-by-hop o
 What a client sees when something breaks: a body over ``max_body_bytes`` is refused with 413
 before it is read (``HttpLimits``); a router that does not answer gives 503, one that breaks off
 gives 502, and a stream cut mid-way (a worker died) ends with an SSE error event and ``[DONE]``,
-each message naming the child that died (``Service.trouble``). A client that stops reading a
+each message naming the child that died (``Service.health``). A client that stops reading a
 stream for ``stream_send_timeout_s`` is dropped; a client that goes away (either kind of request)
 closes the upstream connection, which the router passes on to the workers, which abort the
 request. This module knows HTTP and the supervisor's read-only view; not the engine.
@@ -44,8 +44,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 EXTRA_ROUTES: list[tuple[str, str, Callable[[Front], Handler]]] = []
 
 
-class _ClientTooSlow(Exception):
-    pass
+class _ClientGone(Exception):
+    """The client stopped reading (send timeout) or closed the connection mid-stream."""
 
 
 def json_error(status: int, message: str, param: str | None = None) -> web.Response:
@@ -73,7 +73,7 @@ def worker_row(name: str, role: str, url: str, info: dict) -> dict:
 
 class Front:
     """Serves ``host:port`` from its own event loop thread. ``service`` is the supervisor's
-    ``Service``: ``health()``, ``trouble()``, ``components()``, ``workers()``."""
+    ``Service``: ``health()``, ``recent_deaths()``, ``components()``, ``workers()``."""
 
     def __init__(self, service, host: str, port: int, upstream: str, limits: HttpLimits,
                  request_timeout_s: float):
@@ -114,9 +114,12 @@ class Front:
             self._thread.join(10)
 
     async def _open(self) -> None:
-        # no total timeout here: the router's --request-timeout-secs answers first
+        # no keep-alive to the router: a pooled connection to a router that just died fails
+        # like one it broke mid-request; a fresh one fails to connect (503, not 502). The
+        # total timeout is a last resort: the router's --request-timeout-secs answers first.
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0), trust_env=False, auto_decompress=False,
+            connector=aiohttp.TCPConnector(limit=0, force_close=True), trust_env=False,
+            auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=self.request_timeout_s + 30, sock_connect=5))
         app = web.Application()
         app.router.add_get("/health", self.health)
@@ -173,9 +176,12 @@ class Front:
             upstream = await self.session.request(request.method,
                                                   self.upstream + request.rel_url.raw_path_qs,
                                                   data=body or None, headers=headers)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            return json_error(503, self._explain("the service's router is not answering "
-                                                 f"({type(e).__name__})"))
+        except aiohttp.ClientConnectorError as e:  # nothing listens: it is down or restarting
+            return json_error(503, await self._explain("the service's router is not answering "
+                                                       f"({type(e).__name__})"))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # it took the request, then broke
+            return json_error(502, await self._explain("the router broke off before answering "
+                                                       f"({type(e).__name__})"))
         whole = False
         try:
             if upstream.content_type == "text/event-stream":
@@ -183,14 +189,17 @@ class Front:
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                return json_error(502, self._explain("the router broke off the answer "
-                                                     f"({type(e).__name__})"))
+                return json_error(502, await self._explain("the router broke off the answer "
+                                                           f"({type(e).__name__})"))
             whole = True
-            return self._answer(upstream, data)
+            return await self._answer(upstream, data)
         finally:
-            # an answer read whole leaves a reusable connection; anything else (a client gone,
-            # a stream dropped or broken) closes it, which aborts the request behind the router
-            upstream.release() if whole else upstream.close()
+            # anything but an answer read whole (a client gone, a stream dropped or broken)
+            # closes the connection at once, which aborts the request behind the router
+            if whole:
+                upstream.release()
+            else:
+                upstream.close()
 
     async def _body(self, request: web.Request) -> bytes:
         """The whole body, refused (413) past the cap before more of it is read."""
@@ -204,14 +213,14 @@ class Front:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _answer(self, upstream: aiohttp.ClientResponse, data: bytes) -> web.Response:
+    async def _answer(self, upstream: aiohttp.ClientResponse, data: bytes) -> web.Response:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
         if upstream.status >= 400:
-            data = self._error_json(upstream.status, data)
+            data = await self._error_json(upstream.status, data)
             headers["Content-Type"] = "application/json"
         return web.Response(status=upstream.status, body=data, headers=headers)
 
-    def _error_json(self, status: int, data: bytes) -> bytes:
+    async def _error_json(self, status: int, data: bytes) -> bytes:
         """The router's error answer in the service's one error shape, for a 5xx with what the
         supervisor knows (a child that died) added to the message."""
         text = data.decode(errors="replace").strip()
@@ -225,11 +234,20 @@ class Front:
         else:
             body = error_body(status, text or f"HTTP {status} from the router")
         if status >= 500:
-            body["error"]["message"] = self._explain(str(body["error"]["message"]))
+            body["error"]["message"] = await self._explain(str(body["error"]["message"]))
         return json.dumps(body).encode()
 
-    def _explain(self, message: str) -> str:
-        trouble = self.service.trouble()
+    async def _explain(self, message: str, settle_s: float = 0.5) -> str:
+        """``message`` and what the supervisor knows. A dying process closes its sockets a
+        moment before it can be reaped, so a break seen here may precede its death being
+        known: wait up to ``settle_s`` for a child to be down, else name recent deaths."""
+        deadline = self._loop.time() + settle_s
+        while True:
+            ok, why = self.service.health(refresh=True)
+            if not ok or self._loop.time() > deadline:
+                break
+            await asyncio.sleep(0.05)
+        trouble = why if not ok else self.service.recent_deaths()
         return f"{message}: {trouble}" if trouble else message
 
     async def _stream(self, request: web.Request,
@@ -249,20 +267,23 @@ class Front:
                         await self._send(resp, pending[:cut])
                         pending = pending[cut:]
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                message = self._explain(f"the stream broke off mid-way ({type(e).__name__})")
+                message = await self._explain(f"the stream broke off mid-way "
+                                              f"({type(e).__name__})")
                 await self._send(resp, sse_event(error_body(502, message)) + b"data: [DONE]\n\n")
             else:
                 if pending.strip():
                     await self._send(resp, pending)
-            await resp.write_eof()
-        except _ClientTooSlow:
+            await self._send(resp, None)
+        except _ClientGone:
             # drop the client: closing upstream (finally, in proxy) aborts the request
             if request.transport is not None:
                 request.transport.abort()
         return resp
 
-    async def _send(self, resp: web.StreamResponse, data: bytes) -> None:
+    async def _send(self, resp: web.StreamResponse, data: bytes | None) -> None:
+        """Write ``data`` (None: end the stream) within the send timeout."""
         try:
-            await asyncio.wait_for(resp.write(data), self.limits.stream_send_timeout_s)
-        except asyncio.TimeoutError:
-            raise _ClientTooSlow from None
+            await asyncio.wait_for(resp.write(data) if data is not None else resp.write_eof(),
+                                   self.limits.stream_send_timeout_s)
+        except (asyncio.TimeoutError, ConnectionError) as e:
+            raise _ClientGone from e

@@ -84,6 +84,19 @@ def router_ready(url: str) -> bool:
         return True
 
 
+def router_sees(url: str, worker_url: str) -> bool | None:
+    """Whether the router at ``url`` routes to ``worker_url`` (``GET /workers``, its health
+    checks' verdict); None when the router does not answer."""
+    status, body = http_get(f"{url}/workers")
+    if status != 200:
+        return None
+    try:
+        workers = json.loads(body).get("workers", [])
+    except ValueError:
+        return None
+    return any(w.get("url") == worker_url and w.get("is_healthy") for w in workers)
+
+
 def wait_until(predicate, timeout_s: float, what: str, alive=lambda: None,
                poll_s: float = 0.2) -> None:
     """Poll ``predicate`` until true; ``alive()`` returns an error message to stop early."""

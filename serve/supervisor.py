@@ -36,7 +36,14 @@ from pathlib import Path
 
 from glmlab.serve.config import InstanceSpec, Role, ServeConfig, WorkerConfig
 from glmlab.serve.limits import HttpLimits
-from glmlab.serve.router import free_ports, http_get, router_argv, router_ready, wait_until
+from glmlab.serve.router import (
+    free_ports,
+    http_get,
+    router_argv,
+    router_ready,
+    router_sees,
+    wait_until,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -265,7 +272,13 @@ class Service:
             c.probe = self._probes.submit(self._healthy, c)
 
     def _healthy(self, c: Child) -> bool:
-        return http_get(c.url + c.health_path, self.supervision.health_timeout_s)[0] == 200
+        if http_get(c.url + c.health_path, self.supervision.health_timeout_s)[0] != 200:
+            return False
+        if c.state == "starting" and c.role != "router" and self.router_url:
+            # back only once the router routes to it again (its own health checks, every
+            # health_interval_s); a router that is down itself finds it when it starts
+            return router_sees(self.router_url, c.url) is not False
+        return True
 
     def _died(self, c: Child, how: str, now: float) -> None:
         sv = self.supervision
@@ -287,8 +300,11 @@ class Service:
                   f"{len(c.deaths)} of {limit} in {sv.window_s:g} s)")
 
     # what the front shows -----------------------------------------------------------------
-    def health(self) -> tuple[bool, str]:
-        """(healthy, why not): every child up, and the service has not failed."""
+    def health(self, refresh: bool = False) -> tuple[bool, str]:
+        """(healthy, why not): every child up, and the service has not failed. ``refresh``
+        polls the children first (the front, when an upstream connection breaks)."""
+        if refresh:
+            self.refresh()
         if self.failure:
             return False, "the service failed: " + self.failure
         with self._lock:
@@ -297,17 +313,13 @@ class Service:
                 return True, "ok"
             return False, "; ".join(self._down_text(c) for c in down)
 
-    def trouble(self, recent_s: float = 30.0) -> str:
-        """What is wrong or went wrong lately ('' when nothing): for 5xx answers at the front."""
-        self.refresh()
-        ok, why = self.health()
-        if not ok:
-            return why
+    def recent_deaths(self, within_s: float = 10.0) -> str:
+        """Children that died in the last ``within_s`` and are back ('' when none)."""
         now = time.monotonic()
         with self._lock:
-            gone = [c for c in self.children if c.last_death and now - c.died_at < recent_s]
             return "; ".join(f"{c.last_death} {now - c.died_at:.1f} s ago (restarted)"
-                             for c in gone)
+                             for c in self.children
+                             if c.last_death and now - c.died_at < within_s)
 
     def _down_text(self, c: Child) -> str:
         if c.state == "failed":
