@@ -38,15 +38,15 @@ import torch
 # The notebook (04_dsa_kernels) reads its views through this module.
 from glmlab.bench.ops_dsa_views import (  # noqa: E402, F401
     RESULTS,
-    block_speedups,
     figures,
     load_results,
     markdown_table,
     record_tiny_selection,
     reference_check,
+    reference_iteration_table,
     rule_table,
-    seed_iteration_table,
     selection_figure,
+    variant_speedups,
 )
 from glmlab.kernels.dsa.dispatch import (
     GpuArch,

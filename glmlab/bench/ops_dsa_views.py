@@ -49,7 +49,7 @@ def record_tiny_selection(prompt_len: int = 80, seed: int = 0) -> torch.Tensor:
     return seen[0]
 
 
-def seed_iteration_table(widths=(2051, 2112), blocks=(32, 64, 128)) -> list[dict]:
+def reference_iteration_table(widths=(2051, 2112), blocks=(32, 64, 128)) -> list[dict]:
     return [{"index_width": w, "block_i": b, "tile_iterations": tile_iterations(w, b),
              "virtual_pad": tile_iterations(w, b) * b - w} for w in widths for b in blocks]
 
@@ -73,37 +73,46 @@ def load_results(path: str | Path = RESULTS) -> list[dict]:
     return [json.loads(line) for line in p.read_text().splitlines() if line] if p.exists() else []
 
 
-def block_speedups(results: list[dict]) -> list[dict]:
-    """Block 32 vs 128 at the same rows, heads, layout and head grouping (the seed's 1.12x)."""
-    mla = [r for r in results if r.get("op") == "sparse_mla" and "heads_per_cta" in r]
-    key = lambda r: (r["rows"], r["heads"], r["layout"], r["heads_per_cta"])
-    by = {(key(r), r["block_i"]): r for r in mla}
+def variant_speedups(results: list[dict]) -> list[dict]:
+    """Per measured case (rows, heads, layout): the rule's kernel time against the older serial
+    kernel (``v1``) and SGLang's TileLang kernel on the same inputs, and whether the current
+    dispatch rule still picks the configuration the run timed as ``rule``."""
+    mla = [r for r in results if r.get("op") == "sparse_mla" and r.get("kernel_us")]
+    cases: dict[tuple, dict[str, dict]] = {}
+    for r in mla:
+        cases.setdefault((r["rows"], r["heads"], r["layout"]), {})[r["variant"]] = r
     out = []
-    for (k, b), r in sorted(by.items()):
-        if b == 32 and (k, 128) in by:
-            r128 = by[(k, 128)]
-            now = choose_block(H200, MlaKVLayout(KVFormat(k[2]), RANK), k[0], k[1])
-            out.append({"rows": k[0], "heads": k[1], "layout": k[2], "heads_per_cta": k[3],
-                        "block32_us": r["total_us"], "block128_us": r128["total_us"],
-                        "speedup_128_over_32": r["total_us"] / r128["total_us"],
-                        "rule_now": f"{now.block_i}x{now.heads_per_cta}"})
+    for (rows, heads, layout), by in sorted(cases.items()):
+        rule = by.get("rule")
+        if rule is None:
+            continue
+        now = choose_block(H200, MlaKVLayout(KVFormat(layout), RANK), rows, heads)
+        fastest = min(by.values(), key=lambda r: r["kernel_us"])
+        out.append({
+            "rows": rows, "heads": heads, "layout": layout, "rule_config": rule["config"],
+            "rule_us": rule["kernel_us"],
+            "rule_over_v1": by["v1"]["kernel_us"] / rule["kernel_us"] if "v1" in by else None,
+            "rule_over_sglang": (by["sglang"]["kernel_us"] / rule["kernel_us"]
+                                 if "sglang" in by else None),
+            "fastest": fastest["variant"], "rule_now": now.name,
+            "rule_now_same": now.name == rule["config"]})
     return out
 
 
 def figures(results: list[dict]):
-    """Plotly figures: Partial+Combine time by block width, and TFLOP/s against the ceiling."""
+    """Plotly figures: kernel time by case and variant, and TFLOP/s against the ceiling."""
     import plotly.graph_objects as go
 
-    mla = [r for r in results if r.get("op") == "sparse_mla" and "block_i" in r]
+    mla = [r for r in results if r.get("op") == "sparse_mla" and r.get("kernel_us")]
     time_fig, rate_fig = go.Figure(), go.Figure()
-    for b in sorted({r["block_i"] for r in mla}):
-        sel = [r for r in mla if r["block_i"] == b]
-        labels = [f"M{r['rows']} H{r['heads']} {r['layout']} g{r['heads_per_cta']}" for r in sel]
-        time_fig.add_bar(name=f"block {b}", x=labels, y=[r["total_us"] for r in sel])
-        rate_fig.add_bar(name=f"block {b}", x=labels, y=[r["tflops"] for r in sel])
+    for v in sorted({r["variant"] for r in mla}):
+        sel = [r for r in mla if r["variant"] == v]
+        labels = [f"M{r['rows']} H{r['heads']} {r['layout']}" for r in sel]
+        time_fig.add_bar(name=v, x=labels, y=[r["kernel_us"] for r in sel])
+        rate_fig.add_bar(name=v, x=labels, y=[r["tflops"] for r in sel])
     if mla:
         rate_fig.add_hline(y=mla[0]["ceiling_bf16_tflops"], annotation_text="bf16 matmul, same run")
-    time_fig.update_layout(title="sparse MLA Partial + Combine (us)", barmode="group")
+    time_fig.update_layout(title="sparse MLA kernel time (us)", barmode="group")
     rate_fig.update_layout(title="sparse MLA TFLOP/s", barmode="group")
     return time_fig, rate_fig
 

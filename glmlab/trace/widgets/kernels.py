@@ -84,44 +84,47 @@ def moe_bench_table(tables: dict[int, list[dict]], rows: list[dict]) -> HTML:
 def sparse_mla_table(results: list[dict]) -> HTML:
     mla = [r for r in results if r.get("op") == "sparse_mla"]
     return table(mla, [
-        ("rows", "rows"), ("heads", "heads"), ("layout", "layout"), ("total_us", "total µs"),
-        ("tflops", "TFLOP/s"), ("hbm_tbps", "HBM TB/s"), ("torch_ref_us", "torch ref µs"),
-        ("rel_err_vs_ref", "rel. error vs ref"), ("block_i", "block"),
-        ("heads_per_cta", "heads per CTA"), ("splits", "splits"), ("rule_pick", "rule's pick")],
-        caption=f"Sparse MLA Partial + Combine ({machine(mla)})")
+        ("workload", "workload"), ("rows", "rows"), ("heads", "heads"), ("layout", "layout"),
+        ("variant", "variant"), ("config", "configuration"), ("kernel_us", "kernel µs"),
+        ("tflops", "TFLOP/s"), ("gather_tbps", "gathered TB/s"),
+        ("rel_err_vs_ref", "rel. error vs ref"), ("rule_pick", "rule's pick"),
+        ("error", "error")],
+        caption=f"Sparse MLA Partial + Combine by variant ({machine(mla)})")
 
 
 def indexer_table(results: list[dict]) -> HTML:
     idx = [r for r in results if r.get("op") == "indexer"]
     return table(idx, [
         ("rows", "query rows"), ("total_us", "total µs"), ("scores_us", "scores µs"),
-        ("torch_ref_us", "torch ref µs"), ("score_tflops", "score TFLOP/s"),
-        ("same_selection_as_ref", "same selection as ref"), ("pools", "pools"),
+        ("topk_us", "top-k µs"), ("score_tflops", "score TFLOP/s"),
+        ("topk_same_as_ref_on_kernel_scores", "same top-k as ref"),
+        ("score_rel_err_vs_ref", "score rel. error"), ("pools", "pools"),
         ("index_heads", "index heads"), ("topk_pools", "top-k pools")],
         caption=f"FP8 indexer + top-k ({machine(idx)})")
 
 
 def sparse_mla_figures(results: list[dict]) -> tuple[go.Figure, go.Figure]:
-    """Partial + Combine time and TFLOP/s by case and block width; the bf16 matmul ceiling of
-    the same run is a line on a log axis (on a linear one it would flatten the bars)."""
-    mla = [r for r in results if r.get("op") == "sparse_mla"]
+    """Kernel time and TFLOP/s by case and variant (ours: rule, v1, ws, pipelined-t256; SGLang's
+    TileLang kernel); the bf16 matmul ceiling of the same run is a line on a log axis."""
+    mla = [r for r in results if r.get("op") == "sparse_mla" and r.get("kernel_us")]
     time_fig, rate_fig = go.Figure(), go.Figure()
-    for b in sorted({r["block_i"] for r in mla}):
-        sel = [r for r in mla if r["block_i"] == b]
-        labels = [f"M{r['rows']} H{r['heads']} {r['layout']} g{r['heads_per_cta']}" for r in sel]
-        time_fig.add_bar(name=f"block {b}", x=labels, y=[r["total_us"] for r in sel])
-        rate_fig.add_bar(name=f"block {b}", x=labels, y=[r["tflops"] for r in sel])
+    for v in sorted({r["variant"] for r in mla}):
+        sel = [r for r in mla if r["variant"] == v]
+        labels = [f"M{r['rows']} H{r['heads']} {r['layout']}" for r in sel]
+        time_fig.add_bar(name=v, x=labels, y=[r["kernel_us"] for r in sel])
+        rate_fig.add_bar(name=v, x=labels, y=[r["tflops"] for r in sel])
+    time_fig.update_layout(yaxis_type="log")
     rate_fig.update_layout(yaxis_type="log")
     if mla:
         ceiling = mla[0]["ceiling_bf16_tflops"]
         rate_fig.add_hline(y=ceiling, line_dash="dot",
                            annotation_text=f"bf16 matmul, same run: {ceiling:.0f} TFLOP/s",
                            annotation_position="bottom left")
-    case = "case (M query rows, H heads, KV layout, g heads per CTA)"
+    case = "case (M query rows, H heads, KV layout)"
     for fig in (time_fig, rate_fig):
         fig.update_layout(barmode="group", xaxis_tickangle=-60)
     return (_finish(time_fig, "Sparse MLA Partial + Combine time", xaxis=case,
-                    yaxis="time (µs)", plot=420),
+                    yaxis="time (µs, log)", plot=420),
             _finish(rate_fig, "Sparse MLA throughput", xaxis=case, yaxis="TFLOP/s (log)",
                     plot=420))
 
@@ -134,7 +137,8 @@ def _finish(fig: go.Figure, title: str, plot: int = 340, **axes: str) -> go.Figu
 
 
 def m1024_table(rows: list[dict]) -> HTML:
-    """``analysis.m1024_comparison`` rows: our kernel-level gains beside the seed's end to end."""
+    """``analysis.m1024_comparison`` rows: our kernel-level gains beside the reference
+    deployment's end-to-end ones."""
     return table(rows, [("gain", "gain"), ("what", "what"), ("conditions", "conditions")],
                  caption="M = 1024: tuned vs default", formats={"gain": lambda v: f"{v:+.2%}"})
 
