@@ -44,7 +44,6 @@ from glmlab.serve.responses import (
     ChatRenderer,
     CompletionRenderer,
     Renderer,
-    Result,
     SglangRenderer,
 )
 from glmlab.serve.schemas import (
@@ -177,10 +176,12 @@ class Api:
         return sse(self._events(render, subs), BackgroundTask(close),
                    self.limits.stream_send_timeout_s)
 
-    def _finished(self, r: Result, ttft: float | None, e2e: float) -> None:
+    def _finished(self, sub, ttft: float | None, e2e: float, gaps=()) -> None:
+        r = sub.result
         status = r.finish_reason.value if r.finish_reason is not None else "error"
-        self.metrics.finished(status, r.prompt_tokens, r.completion_tokens, r.cached_tokens,
-                              ttft, e2e)
+        # a prompt counts once for its n samples, as the answer's usage counts it
+        prompt, cached = (r.prompt_tokens, r.cached_tokens) if sub.sample == 0 else (0, 0)
+        self.metrics.finished(status, prompt, r.completion_tokens, cached, ttft, e2e, gaps)
 
     async def _events(self, render: Renderer, subs) -> AsyncIterator[dict]:
         for e in render.head():

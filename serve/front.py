@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from glmlab.serve import direct, observe
 from glmlab.serve.errors import RequestError, error_body
 from glmlab.serve.limits import HttpLimits
 
@@ -41,7 +42,7 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # (method, path, factory(front) -> handler): routes served here instead of passed to the router.
 # /metrics (Prometheus, aggregated over the workers) belongs here.
-EXTRA_ROUTES: list[tuple[str, str, Callable[[Front], Handler]]] = []
+EXTRA_ROUTES: list[tuple[str, str, Callable[[Front], Handler]]] = [*observe.ROUTES]
 
 
 class _ClientGone(Exception):
@@ -172,10 +173,11 @@ class Front:
         except RequestError as e:
             return json_error(e.status, str(e), e.param)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        try:
-            upstream = await self.session.request(request.method,
-                                                  self.upstream + request.rel_url.raw_path_qs,
-                                                  data=body or None, headers=headers)
+        try:  # what the router refuses or mangles goes to the workers (direct.py)
+            upstream = await direct.open_direct(self, request, body, headers) or \
+                await self.session.request(request.method,
+                                           self.upstream + request.rel_url.raw_path_qs,
+                                           data=body or None, headers=headers)
         except aiohttp.ClientConnectorError as e:  # nothing listens: it is down or restarting
             return json_error(503, await self._explain("the service's router is not answering "
                                                        f"({type(e).__name__})"))

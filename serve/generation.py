@@ -30,15 +30,23 @@ from glmlab.serve.schemas import GenBatch, GenRequest
 class Sub:
     result: Result
     records: object  # the worker's Records (async iterator with aclose)
+    sample: int = 0  # which of the prompt's n samples (metrics count a prompt at sample 0)
 
-    async def results(self, on_done: Callable[[Result, float | None, float], None] | None = None
+    async def results(self, on_done: Callable[..., None] | None = None
                       ) -> AsyncIterator[Result]:
+        """``on_done(sub, ttft, e2e, gaps)``: gaps = (seconds since the previous record
+        with tokens, its token count) for every later one (inter-token latency)."""
         loop = asyncio.get_running_loop()
-        start, first = loop.time(), None
+        start, first, last, gaps = loop.time(), None, None, []
         try:
             async for out in self.records:
-                if first is None and out.new_token_ids:
-                    first = loop.time()
+                if out.new_token_ids:
+                    now = loop.time()
+                    if first is None:
+                        first = now
+                    else:
+                        gaps.append((now - last, len(out.new_token_ids)))
+                    last = now
                 self.result.add(out)
                 yield self.result
                 if self.result.finish_reason is not None:
@@ -46,8 +54,8 @@ class Sub:
         finally:
             await self.records.aclose()
             if on_done is not None:
-                on_done(self.result, None if first is None else first - start,
-                        loop.time() - start)
+                on_done(self, None if first is None else first - start,
+                        loop.time() - start, gaps)
 
 
 def per_sample(req: GenRequest) -> list[GenRequest]:
@@ -83,7 +91,7 @@ async def open_batch(worker, batch: GenBatch, encode: Callable[[str], list[int]]
             for j, recs, meta in pairs:
                 result = Result(sample_rid(req.rid, j), len(ids), index=p_i * n + j,
                                 prompt_ids=tuple(ids), meta=meta)
-                subs.append(Sub(result, recs))
+                subs.append(Sub(result, recs, j))
     except BaseException:
         for s in subs:
             await s.records.aclose()

@@ -1,17 +1,26 @@
-"""Prometheus metrics of one worker: request counters and latency histograms, pool gauges on scrape.
+"""Prometheus metrics of one worker under SGLang's names: request counters and latency
+histograms pushed as requests finish, pool gauges read on scrape.
 
-Gauges (queue, running, pool occupancy, cache hit rate) are read from the backend's ``stats()`` at
+Names are SGLang's (``sglang:prompt_tokens_total``, ``sglang:time_to_first_token_seconds``...),
+so dashboards written for SGLang read a glmlab worker unchanged. Gauges (queue, running, pool
+occupancy, cache hit rate, speculative accept length) are read from the backend's ``stats()`` at
 scrape time rather than pushed, so they can never drift from the engine's own accounting.
+Counters follow the answer's ``usage``: a prompt with ``n`` samples counts its prompt tokens (and
+its prefix-cache hits, ``sglang:cached_tokens_total``) once, its output tokens for every sample;
+``sglang:num_requests_total`` counts every sample. This module knows
+one worker; ``observe.py`` adds the workers of a service together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# stats() keys that are counters of their own, already exported under the pushed counters' names
+_NOT_GAUGES = frozenset({"cached_tokens_total"})
 
 
 class _StatsCollector:
@@ -20,28 +29,39 @@ class _StatsCollector:
 
     def collect(self):
         for name, value in self._stats().items():
-            yield GaugeMetricFamily(f"glmlab:{name}", name.replace("_", " "), value=float(value))
+            if name not in _NOT_GAUGES:
+                yield GaugeMetricFamily(f"sglang:{name}", name.replace("_", " "),
+                                        value=float(value))
 
 
 class ServeMetrics:
     def __init__(self, stats: Callable[[], dict[str, float]]):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("glmlab:requests", "finished requests", ["status"], registry=r)
-        self.prompt_tokens = Counter("glmlab:prompt_tokens", "prompt tokens", registry=r)
-        self.generation_tokens = Counter("glmlab:generation_tokens", "output tokens", registry=r)
-        self.cached_tokens = Counter("glmlab:cached_tokens", "prompt tokens served from the "
+        self.requests = Counter("sglang:num_requests", "finished requests", ["status"],
+                                registry=r)
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "prompt tokens of finished "
+                                     "requests", registry=r)
+        self.generation_tokens = Counter("sglang:generation_tokens", "output tokens of finished "
+                                         "requests", registry=r)
+        self.cached_tokens = Counter("sglang:cached_tokens", "prompt tokens served from the "
                                      "prefix cache", registry=r)
-        self.ttft = Histogram("glmlab:time_to_first_token_seconds", "TTFT",
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", "time to first token",
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("glmlab:time_per_output_token_seconds", "TPOT (after the first)",
+        self.tpot = Histogram("sglang:time_per_output_token_seconds", "mean time per output "
+                              "token after the first, one observation per request",
                               buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("glmlab:e2e_request_latency_seconds", "request latency",
+        self.itl = Histogram("sglang:inter_token_latency_seconds", "time between two output "
+                             "tokens, one observation per token after the first",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "request latency",
                              buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_StatsCollector(stats))
 
     def finished(self, status: str, prompt: int, output: int, cached: int, ttft: float | None,
-                 e2e: float) -> None:
+                 e2e: float, gaps: Sequence[tuple[float, int]] = ()) -> None:
+        """``gaps``: (seconds since the previous record with tokens, tokens in this one) for
+        every record after the first; a record of k tokens counts as k gaps of 1/k each."""
         self.requests.labels(status).inc()
         self.prompt_tokens.inc(prompt)
         self.generation_tokens.inc(output)
@@ -51,6 +71,9 @@ class ServeMetrics:
             self.ttft.observe(ttft)
             if output > 1:
                 self.tpot.observe((e2e - ttft) / (output - 1))
+        for seconds, tokens in gaps:
+            for _ in range(tokens):
+                self.itl.observe(seconds / tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

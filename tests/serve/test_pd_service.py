@@ -81,8 +81,8 @@ def test_openai_and_info_routes_through_the_router(pd):
         status, out = http(decode + path)
         assert status == 200 and out["model_path"] == str(preset_checkpoint("tiny"))
     status, text = http(decode + "/metrics")
-    assert status == 200 and "glmlab:time_to_first_token_seconds_bucket" in text
-    assert "glmlab:num_running_reqs" in text and "glmlab:token_usage" in text
+    assert status == 200 and "sglang:time_to_first_token_seconds_bucket" in text
+    assert "sglang:num_running_reqs" in text and "sglang:token_usage" in text
 
 
 def test_64_concurrent_requests_then_every_pool_is_empty(pd):
