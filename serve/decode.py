@@ -127,6 +127,23 @@ class DecodeWorker(PDWorker):
                 self._drop(rid)
 
         self.thread.post(drop)
+        r = self.importing.get(rid)
+        if abort and r is not None:  # the client left: the prefill need not wait or compute
+            asyncio.get_running_loop().create_task(self._cancel_room(r))
+
+    async def _cancel_room(self, r: _Recv) -> None:
+        """Tell the prefill that the client of ``r`` left (its room message may have gone out);
+        free ``r`` here at once unless the prefill's WRITE is in flight, whose notification
+        frees it (a notification alone can reach decode late: it leaves an idle prefill only
+        when its NIXL agent next progresses)."""
+        answer = await self.client.cancel_room(r.base, r.room, "the client went away")
+        if r.sent and answer is not None and not answer.get("posted"):
+            await self.thread.call(lambda: self._release(r))
+
+    def _release(self, r: _Recv) -> None:
+        if self.importing.pop(r.rid, None) is not None:
+            self._drop(r.rid)
+            self.timeline.add(r.rid, "abandoned", room=r.room)
 
     # asyncio side ------------------------------------------------------------------------
     async def _watch(self, r: _Recv) -> None:

@@ -16,12 +16,14 @@ from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.cli import main as glmlab_main
 from glmlab.config import ModelConfig
 from glmlab.serve.config import Role, ServeConfig, TransferConfig
+from glmlab.serve.limits import HttpLimits
 from glmlab.serve.router import free_ports
 from glmlab.serve.supervisor import Service
 
 # small pools start fast; 16-token pages make short prompts span several pages
 ENGINE = {"page_size": 16, "cache_bytes": 24 << 20}
 PAGE = ENGINE["page_size"]
+STREAM_SEND_TIMEOUT_S = 2.0  # the shared PD service's (HttpLimits)
 
 
 def pd_service(tmp_path, transfer: TransferConfig | None = None,
@@ -108,7 +110,9 @@ def sse_events(text: str) -> list:
 
 @pytest.fixture(scope="session")
 def pd(tmp_path_factory):
-    with pd_service(tmp_path_factory.mktemp("pd")) as svc:
+    # a short send timeout: test_disconnect's stalled reader is dropped in seconds
+    with pd_service(tmp_path_factory.mktemp("pd"),
+                    limits=HttpLimits(stream_send_timeout_s=STREAM_SEND_TIMEOUT_S)) as svc:
         yield svc
 
 
