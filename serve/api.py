@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -73,19 +74,23 @@ def _not_a_number(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _unicode_problem(value, path: str = "") -> str | None:
-    """Where a string holds a lone UTF-16 surrogate (valid JSON escapes, not Unicode text)."""
+def _value_problem(value, path: str = "") -> str | None:
+    """Where the parsed body holds what is valid JSON but no value: a string with a lone UTF-16
+    surrogate (an escape like \\ud800, not Unicode text), a number too large for a float."""
+    where = path or "body"
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as e:
-            return f"{path or 'body'}: character {e.start} is a lone surrogate " \
+            return f"{where}: character {e.start} is a lone surrogate " \
                    f"({value[e.start]!a}), not Unicode text"
         return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where}: the number is too large for a float"
     items = value.items() if isinstance(value, dict) else enumerate(value) \
         if isinstance(value, list) else ()
     for key, item in items:
-        problem = _unicode_problem(item, f"{path}.{key}" if path else str(key))
+        problem = _value_problem(item, f"{path}.{key}" if path else str(key))
         if problem:
             return problem
     return None
@@ -105,7 +110,7 @@ async def parse_body(request: Request, model: type[BaseModel], limits: HttpLimit
     if not isinstance(data, dict):
         raise RequestError(f"the request body must be a JSON object, got {type(data).__name__}",
                            param="body")
-    problem = _unicode_problem(data)
+    problem = _value_problem(data)
     if problem:
         raise RequestError(f"invalid request: {problem}", param=problem.split(":")[0])
     try:

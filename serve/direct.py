@@ -22,9 +22,11 @@ import random
 import aiohttp
 
 from glmlab.serve.config import InstanceSpec, Role
+from glmlab.serve.schemas import SglSamplingParams
 
 PATHS = ("/generate", "/v1/completions")
 DROPPED_SAMPLING = frozenset({"logit_bias", "custom_params", "structural_tag", "seed"})
+KNOWN_SAMPLING = frozenset(SglSamplingParams.model_fields)
 
 
 def router_cannot_carry(path: str, body: dict) -> str | None:
@@ -37,8 +39,9 @@ def router_cannot_carry(path: str, body: dict) -> str | None:
         if isinstance(body.get("text"), list):
             return "a list of texts (the router refuses it)"
         params = body.get("sampling_params")
-        dropped = sorted(DROPPED_SAMPLING & set(params)) if isinstance(params, dict) else []
-        if dropped:
+        dropped = sorted((DROPPED_SAMPLING | (set(params) - KNOWN_SAMPLING)) & set(params)) \
+            if isinstance(params, dict) else []
+        if dropped:  # unknown ones too: the worker refuses them by name, the router drops them
             return f"sampling_params the router drops: {', '.join(dropped)}"
     return None
 

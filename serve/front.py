@@ -172,6 +172,7 @@ class Front:
             body = await self._body(request)
         except RequestError as e:
             return json_error(e.status, str(e), e.param)
+        body = self._with_model(request, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         try:  # what the router refuses or mangles goes to the workers (direct.py)
             upstream = await direct.open_direct(self, request, body, headers) or \
@@ -202,6 +203,20 @@ class Front:
                 upstream.release()
             else:
                 upstream.close()
+
+    def _with_model(self, request: web.Request, body: bytes) -> bytes:
+        """A chat body without ``model`` gets the served model's name, as a worker would take
+        it: sglang-router 0.3.2 writes "unknown" there, which no worker serves (a 404 naming a
+        model the client never sent)."""
+        if request.method != "POST" or request.path != "/v1/chat/completions":
+            return body
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return body  # the worker says what is wrong with it
+        if not isinstance(data, dict) or data.get("model") is not None:
+            return body
+        return json.dumps({**data, "model": self.service.served_model_name}).encode()
 
     async def _body(self, request: web.Request) -> bytes:
         """The whole body, refused (413) past the cap before more of it is read."""
