@@ -5,9 +5,10 @@ sglang-router sends the same request to a prefill and a decode worker, adding ``
 (docs/platform.md 2.5).
 The two meet here:
 
-- once per (decode, prefill) pair, decode fetches ``GET /route`` (the prefill's NIXL agent and
-  cache layout) and registers itself with ``PUT /peers`` (its agent metadata and the addresses of
-  its cache regions);
+- once per (decode, prefill) pair, decode fetches ``GET /route`` (the prefill's NIXL agents and
+  cache layout, one per rank of a TP worker) and registers itself with ``PUT /peers`` (its agents'
+  metadata and the addresses of their cache regions); both sides refuse a pair whose layouts
+  differ (``pairing_problem``: TP degree, page size, drafter hand-off, every rank's regions);
 - per request, decode posts ``POST /rooms/{room}`` with where the request's cache must land (its
   page ids for the part of the prompt it lacks, its state slot and aux row); the prefill worker
   handling the same room waits for that message, computes, and pushes;
@@ -34,27 +35,65 @@ from glmlab.serve.transfer import Region
 
 @dataclass(frozen=True)
 class PeerInfo:
-    """A worker's NIXL identity and cache layout, as exchanged at registration."""
+    """A worker's NIXL identity and cache layout, as exchanged at registration: rank 0's agent
+    and regions, and those of the other ranks of a TP worker in ``ranks`` (rank 1, 2, ...)."""
 
     agent_name: str
     metadata: bytes
     regions: dict[str, Region]
     page_size: int
+    drafter: str = ""  # what the drafter hand-off carries (``DraftHandoff.describe``); "" = none
+    ranks: tuple[PeerInfo, ...] = ()
 
     def to_json(self) -> dict:
         return {"agent_name": self.agent_name,
                 "metadata": base64.b64encode(self.metadata).decode(),
                 "regions": [r.to_json() for r in self.regions.values()],
-                "page_size": self.page_size}
+                "page_size": self.page_size, "drafter": self.drafter,
+                "ranks": [r.to_json() for r in self.ranks]}
 
     @classmethod
     def from_json(cls, d: dict) -> PeerInfo:
         regions = [Region.from_json(r) for r in d["regions"]]
         return cls(str(d["agent_name"]), base64.b64decode(d["metadata"]),
-                   {r.name: r for r in regions}, int(d["page_size"]))
+                   {r.name: r for r in regions}, int(d["page_size"]), str(d.get("drafter", "")),
+                   tuple(cls.from_json(r) for r in d.get("ranks", ())))
+
+    @property
+    def tp_size(self) -> int:
+        return 1 + len(self.ranks)
+
+    def rank(self, r: int) -> PeerInfo:
+        return self if r == 0 else self.ranks[r - 1]
 
     def layout(self) -> dict[str, int]:
         return {n: r.row_bytes for n, r in self.regions.items()}
+
+
+def pairing_problem(prefill: PeerInfo, decode: PeerInfo) -> str | None:
+    """Why these two workers cannot transfer (None: they can). Rank r of prefill writes rank r
+    of decode, row for row, so the ranks, pages, drafter state and every region must agree."""
+    if prefill.tp_size != decode.tp_size:
+        return (f"prefill runs {prefill.tp_size} rank(s) (tp {prefill.tp_size}), decode "
+                f"{decode.tp_size}: each rank's cache shard lands on the same rank of decode, so "
+                "serve both roles with the same TP degree (--prefill-tp, --decode-tp)")
+    if prefill.page_size != decode.page_size:
+        return f"page sizes differ: prefill {prefill.page_size}, decode {decode.page_size}"
+    if prefill.drafter != decode.drafter:
+        return (f"drafter state differs: prefill sends {prefill.drafter or 'none'}, decode "
+                f"expects {decode.drafter or 'none'} (give both roles the same "
+                "--speculative-* settings)")
+    for r in range(prefill.tp_size):
+        mine, theirs = prefill.rank(r).layout(), decode.rank(r).layout()
+        if mine == theirs:
+            continue
+        only_p, only_d = sorted(set(mine) - set(theirs)), sorted(set(theirs) - set(mine))
+        rows = sorted(n for n in set(mine) & set(theirs) if mine[n] != theirs[n])
+        parts = ([f"only on prefill: {only_p[:4]}"] if only_p else []) + \
+            ([f"only on decode: {only_d[:4]}"] if only_d else []) + \
+            [f"{n}: {mine[n]} B rows on prefill, {theirs[n]} B on decode" for n in rows[:3]]
+        return f"cache layouts differ on rank {r}: " + "; ".join(parts)
+    return None
 
 
 @dataclass(frozen=True)
@@ -157,10 +196,9 @@ def bootstrap_app(info: Callable[[], PeerInfo], register: Callable[[PeerInfo], A
         except (ValueError, KeyError, TypeError) as e:
             raise HTTPException(400, f"bad peer registration: {e}") from e
         mine = info()
-        if peer.layout() != mine.layout() or peer.page_size != mine.page_size:
-            raise HTTPException(409, f"cache layouts differ: decode {peer.layout()} page "
-                                     f"{peer.page_size}, prefill {mine.layout()} page "
-                                     f"{mine.page_size}")
+        problem = pairing_problem(mine, peer)
+        if problem:
+            raise HTTPException(409, f"cannot pair: {problem}")
         await register(peer)
         registered.add(peer.agent_name)
         return {"status": "registered", "prefill_agent": mine.agent_name}
@@ -208,6 +246,9 @@ class BootstrapClient:
             r = await self._http.get(f"{base}/route")
             r.raise_for_status()
             prefill = PeerInfo.from_json(r.json())
+            problem = pairing_problem(prefill, self._mine())
+            if problem:
+                raise RuntimeError(f"refused to pair with the prefill at {base}: {problem}")
             name = await self._add_peer(prefill)
             r = await self._http.put(f"{base}/peers", json=self._mine().to_json())
             if r.status_code != 200:

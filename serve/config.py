@@ -1,7 +1,10 @@
 """Configuration of a service: which instances run where, and how each worker behaves.
 
 ``ServeConfig`` is what ``glmlab serve`` parses (flags generated from its fields); ``layout()``
-turns it into one ``InstanceSpec`` per worker process. ``WorkerConfig`` is what one worker reads.
+turns it into one ``InstanceSpec`` per worker. ``WorkerConfig`` is what one worker reads. A
+worker of ``tp`` ranks (``--prefill-tp``, ``--decode-tp``; mixed workers take decode's) is one
+leader process and ``tp - 1`` followers (``glmlab.serve.ranks``); on CUDA rank r runs on the
+instance's device index + r, so ``--decode-devices cuda:4 --decode-tp 4`` takes cuda:4..7.
 Engine knobs are not repeated here: each worker gets its role's engine options as a dict of
 ``EngineConfig`` fields (flags generated from that dataclass by the command); ``engine_config``
 turns them, with the role's defaults and the instance's device, into the engine's config.
@@ -63,10 +66,33 @@ class InstanceSpec:
     port: int
     device: str = "cpu"
     bootstrap_port: int | None = None  # prefill only
+    tp: int = 1  # ranks of this worker (tensor parallel), each with its own cache shard
+    ep: int = 1  # expert parallel: 1 or tp
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def gpus(self) -> list[int] | None:
+        """The CUDA index of each rank (``cuda:A`` or ``cuda:A-B``: A + rank), None off CUDA or
+        for a device string that names no index."""
+        if not self.device.startswith("cuda"):
+            return None
+        lo, _, hi = (self.device.partition(":")[2] or "0").partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return None
+        first, last = int(lo), int(hi) if hi else int(lo) + self.tp - 1
+        if self.tp > 1 and last - first + 1 != self.tp:
+            raise ValueError(f"{self.name}: {self.device} names {last - first + 1} GPUs for "
+                             f"tp {self.tp}")
+        return list(range(first, last + 1))
+
+    def rank_device(self, rank: int) -> str:
+        """The device of rank ``rank``: the instance's CUDA index + rank, or the CPU."""
+        gpus = self.gpus()
+        if self.tp == 1 or gpus is None:
+            return self.device
+        return f"cuda:{gpus[rank]}"
 
     @property
     def name(self) -> str:
@@ -91,6 +117,10 @@ class ServeConfig:
     mixed_ports: tuple[int, ...] = ()  # default: 31000, 31001, ...
     prefill_devices: tuple[str, ...] = ("cpu",)  # one per instance, or one for all
     decode_devices: tuple[str, ...] = ("cpu",)
+    prefill_tp: int = 1  # ranks per prefill worker (one process each, gloo on CPU / NCCL)
+    prefill_ep: int = 1  # expert parallel inside a prefill worker: 1 or prefill_tp
+    decode_tp: int = 1  # ranks per decode (and mixed) worker
+    decode_ep: int = 1
     launch_hosts: tuple[str, ...] = ()  # hosts whose instances this node launches; default: all
     launch_router: bool = True
     router_policy: str = "round_robin"  # random | round_robin | cache_aware | power_of_two
@@ -116,22 +146,33 @@ class ServeConfig:
             if given and len(given) != n:
                 raise ValueError(f"--{name.replace('_', '-')} lists {len(given)} values "
                                  f"for {n} instances")
+        for role in ("prefill", "decode"):
+            tp, ep = getattr(self, f"{role}_tp"), getattr(self, f"{role}_ep")
+            if tp < 1 or ep not in (1, tp):
+                raise ValueError(f"--{role}-tp {tp} --{role}-ep {ep}: tp must be >= 1 and ep 1 "
+                                 "or equal to tp (experts split over the TP ranks)")
         self.layout()  # every other inconsistency (devices, duplicate ports) fails here
 
     def layout(self) -> list[InstanceSpec]:
         if self.mode is Mode.MIXED:
-            return [InstanceSpec(Role.MIXED, i, self.host, _pick(self.mixed_ports, i, 31000),
-                                 _pick(self.prefill_devices, i, "cpu"))
-                    for i in range(self.num_mixed)]
+            out = [InstanceSpec(Role.MIXED, i, self.host, _pick(self.mixed_ports, i, 31000),
+                                _pick(self.prefill_devices, i, "cpu"), tp=self.decode_tp,
+                                ep=self.decode_ep)
+                   for i in range(self.num_mixed)]
+            _check_gpus(out)
+            return out
         out = [InstanceSpec(Role.PREFILL, i, _pick(self.prefill_hosts, i, "127.0.0.1"),
                             _pick(self.prefill_ports, i, 31000 + i),
                             _pick(self.prefill_devices, i, "cpu"),
-                            _pick(self.bootstrap_ports, i, 8998 + i))
+                            _pick(self.bootstrap_ports, i, 8998 + i), self.prefill_tp,
+                            self.prefill_ep)
                for i in range(self.num_prefill)]
         out += [InstanceSpec(Role.DECODE, i, _pick(self.decode_hosts, i, "127.0.0.1"),
                              _pick(self.decode_ports, i, 31500 + i),
-                             _pick(self.decode_devices, i, "cpu"))
+                             _pick(self.decode_devices, i, "cpu"), tp=self.decode_tp,
+                             ep=self.decode_ep)
                 for i in range(self.num_decode)]
+        _check_gpus(out)
         used: dict[tuple[str, int], str] = {}
         for s in out:
             for port in (s.port, s.bootstrap_port):
@@ -150,6 +191,19 @@ class ServeConfig:
     @property
     def metrics_port(self) -> int:
         return self.router_metrics_port or self.port + 90
+
+
+def _check_gpus(specs: list[InstanceSpec]) -> None:
+    """No GPU runs a rank of a TP worker and anything else (rank r takes its device index + r;
+    single-rank workers may share a GPU, as a one-GPU 1P1D does)."""
+    used: dict[tuple[str, int], tuple[str, int]] = {}
+    for s in specs:
+        for r, gpu in enumerate(s.gpus() or ()):
+            other = used.get((s.host, gpu))
+            if other is not None and max(other[1], s.tp) > 1:
+                raise ValueError(f"{s.name} rank {r} and {other[0]} both use cuda:{gpu} on "
+                                 f"{s.host} (rank r of a tp worker runs on its device + r)")
+            used[s.host, gpu] = (f"{s.name} rank {r}", s.tp)
 
 
 def _pick(values: tuple, i: int, default):
@@ -202,3 +256,30 @@ def engine_config(role: Role, options: dict, device: str) -> EngineConfig:
         if sub is not None and isinstance(value, dict):
             values[name] = sub(**value)
     return EngineConfig(**values)
+
+
+# what a prefill instance's drafter must share with decode's for the hand-off to be meaningful
+_HANDOFF_FIELDS = ("algorithm", "draft_path", "draft_kv_dtype")
+
+
+def prefill_options(prefill: dict, decode: dict) -> dict:
+    """Prefill's engine options under PD speculation. Speculation runs on decode workers; prefill
+    only lets the same drafter learn each prompt, so decode's first cycle has the drafter state a
+    mixed engine would (``glmlab.speculative.handoff``). Prefill therefore takes decode's
+    speculative settings when it has none of its own; settings that change what is sent must
+    agree, and prefill alone speculating is refused."""
+    p, d = prefill.get("speculative"), decode.get("speculative")
+    if d is None:
+        if p is not None:
+            raise ValueError("speculative decoding runs on decode workers: give "
+                             "--speculative-algorithm (both roles) or --decode-speculative-*")
+        return prefill
+    if p is None:
+        return {**prefill, "speculative": d}
+    ps, ds = (engine_config(Role.MIXED, {"speculative": x}, "cpu").speculative for x in (p, d))
+    bad = [f for f in _HANDOFF_FIELDS if getattr(ps, f) != getattr(ds, f)]
+    if bad:
+        raise ValueError("prefill and decode drafters differ in " + ", ".join(
+            f"{f} ({getattr(ps, f)!r} vs {getattr(ds, f)!r})" for f in bad)
+            + ": decode continues from the drafter state prefill computes")
+    return prefill

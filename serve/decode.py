@@ -5,7 +5,10 @@ here; a refused request also cancels its room at the prefill); once the engine a
 (pages for the part of the prompt its radix tree lacks, a state slot), it posts the room message
 to the prefill's listener and waits for the NIXL notification; a watcher fails the room when the
 prefill stops answering or ``transfer_timeout_s`` passes, and everything the request held is
-freed (or, when a live prefill may still be writing into its pages, kept out of use).
+freed (or, when a live prefill may still be writing into its pages, kept out of use). Under TP
+each rank's agent gets the notification of its own rank's WRITE (the followers report theirs);
+the import completes only when every rank's has arrived. With speculation on, the drafter rows
+landed too and the engine adopts them (``complete_import(..., draft_state=True)``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from glmlab.engine.engine import Engine
 from glmlab.serve.bootstrap import BootstrapClient, PeerInfo, RoomMessage
 from glmlab.serve.config import WorkerConfig
 from glmlab.serve.errors import ServeError
-from glmlab.serve.kvplan import row_copies
 from glmlab.serve.pd import OK, PDWorker, parse_notif, prompt_hash
 from glmlab.serve.schemas import GenRequest
 from glmlab.serve.worker import Records
@@ -36,19 +38,20 @@ class _Recv:
     expected_bytes: int = 0
     sent: bool = False  # the room message went out: the prefill may write into the lease
     abandoned: bool = False
+    landed: set[int] = field(default_factory=set)  # ranks whose WRITE notification arrived
 
 
 class DecodeWorker(PDWorker):
-    def __init__(self, wc: WorkerConfig, engine: Engine):
+    def __init__(self, wc: WorkerConfig, engine: Engine, followers=None):
         self.importing: dict[str, _Recv] = {}  # by rid, from submission to landing
         self.quarantined: list[str] = []  # rids whose pages a live prefill may still write
         self.bytes_received = 0
         self.transfer_failures = 0
-        super().__init__(wc, engine)
+        super().__init__(wc, engine, followers)
         self.client = BootstrapClient(self.peer_info, self._add_peer)
 
     async def _add_peer(self, prefill: PeerInfo) -> str:
-        return await self.thread.call(lambda: self.agent.add_peer(prefill.metadata))
+        return await self.thread.call(lambda: self._add_peer_everywhere(prefill))
 
     def _by_room(self, room: int) -> _Recv | None:
         return next((r for r in self.importing.values() if r.room == room), None)
@@ -68,24 +71,39 @@ class DecodeWorker(PDWorker):
             if box is not None:
                 box.push(lease)
         for _peer, raw in self.agent.take_notifs():
-            parsed = parse_notif(raw)
-            r = self._by_room(parsed[0]) if parsed else None
-            if r is None or not r.sent:
-                continue
-            if parsed[1] == OK:
-                self._landed(r)
-            else:
-                self._fail(r, f"prefill reported: {parsed[2]}")
-            did = True
+            did = self._on_notif(0, raw) or did
         return did
+
+    def _rank_work(self) -> bool:
+        return any(r.sent for r in self.importing.values())
+
+    def _on_reports(self, reports: list) -> None:
+        from glmlab.serve.ranks import reports_of
+
+        for rank, (_, raw) in reports_of(reports, "notif"):
+            self._on_notif(rank, raw)
+
+    def _on_notif(self, rank: int, raw: bytes) -> bool:
+        """Rank ``rank``'s agent received ``raw``; whether it was about a room of ours."""
+        parsed = parse_notif(raw)
+        r = self._by_room(parsed[0]) if parsed else None
+        if r is None or not r.sent:
+            return False
+        if parsed[1] != OK:
+            self._fail(r, f"prefill reported: {parsed[2]}")
+            return True
+        r.landed.add(rank)
+        if len(r.landed) == self.tp:  # every rank's shard is in place
+            self._landed(r)
+        return True
 
     def _landed(self, r: _Recv) -> None:
         del self.importing[r.rid]
         if r.abandoned:
             self._drop(r.rid)
             return
-        token, lp, cached, prompt_len = self.aux[r.lease.state_slot].tolist()
-        if int(prompt_len) != len(r.ids):
+        token, lp, cached, prompt_len = self.shard.read_aux(r.lease.state_slot)
+        if prompt_len != len(r.ids):
             self._drop(r.rid)
             self._push_error(r, f"the aux row of room {r.room} is inconsistent", 502)
             return
@@ -96,10 +114,10 @@ class DecodeWorker(PDWorker):
         if box is not None:  # meta_info of the answer
             box.push({"pd_transfer": {
                 "bytes": r.expected_bytes, "pages": len(r.lease.transfer_pages),
-                "decode_prefix_len": r.lease.prefix_len, "prefill_cached_tokens": int(cached),
-                "wait_ms": round(ms, 3)}})
-        lp = None if lp != lp else lp  # nan: the prefill computed no logprob
-        self._on_output(self.engine.complete_import(r.rid, int(token), lp))
+                "decode_prefix_len": r.lease.prefix_len, "prefill_cached_tokens": cached,
+                "wait_ms": round(ms, 3), "ranks": self.tp}})
+        self._on_output(self.engine.complete_import(
+            r.rid, token, lp, draft_state=self.engine.spec is not None))
 
     def _fail(self, r: _Recv, reason: str, free: bool = True) -> None:
         self.importing.pop(r.rid, None)
@@ -227,10 +245,11 @@ class DecodeWorker(PDWorker):
             await self._fail_later(r, f"cannot send the room message: {e}", free=True)
 
     def _expected_bytes(self, msg: RoomMessage) -> int:
-        pages = -(-msg.prompt_len // self.page_size)
-        copies = row_copies(self.regions, self.page_size, self.kpool, list(range(pages)), 0, 0,
-                            msg)
-        return sum(c.count * self.agent.regions[c.region].row_bytes for c in copies)
+        """What every rank's WRITE of ``msg`` moves together (rank 0 with the aux row)."""
+        ranks = [self.agent.regions] + [i.regions for i in
+                                        (self.followers.infos if self.followers else ())]
+        return sum(self.shard.expected_bytes(msg, regions, aux=r == 0)
+                   for r, regions in enumerate(ranks))
 
     def stats(self) -> dict[str, float]:
         return {**super().stats(), "transfers_waiting": len(self.importing),

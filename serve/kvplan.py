@@ -7,8 +7,10 @@ request lives in pages of ``page_size`` token slots and one state slot. Decode a
 first ``decode_prefix_len`` tokens (page aligned, from its kv_only radix match) and gives the
 pages for the rest; so prefill sends, for pages ``decode_prefix_len // page_size`` onwards, every
 token row and pool row of those pages, then the request's state rows, then one aux row (the
-first token). A region of a unit this table does not know stops the service at start-up instead
-of being silently left behind.
+first token; under TP only rank 0 sends it, the rank that reads it). The regions include the
+drafter's hand-off rows when speculation is on (``glmlab.speculative.handoff``: token rows of
+DFlash2 draft KV, state rows of the MTP chain start). A region of a unit this table does not know
+stops the service at start-up instead of being silently left behind.
 
 This module knows row arithmetic only: not the engine, not NIXL.
 """
@@ -44,8 +46,10 @@ def new_aux(num_state_slots: int, device: torch.device | str = "cpu") -> torch.T
 
 
 def row_copies(regions: Regions, page_size: int, kpool: int, src_pages: list[int],
-               src_state_slot: int, src_aux_row: int, msg: RoomMessage) -> list[RowCopy]:
-    """The rows to WRITE for ``msg``; ``src_pages`` are prefill's pages of the whole prompt."""
+               src_state_slot: int, src_aux_row: int, msg: RoomMessage,
+               aux: bool = True) -> list[RowCopy]:
+    """The rows to WRITE for ``msg``; ``src_pages`` are prefill's pages of the whole prompt;
+    ``aux``: the aux row too (rank 0 of a TP worker)."""
     first = msg.decode_prefix_len // page_size
     if msg.decode_prefix_len % page_size:
         raise TransferError(f"decode_prefix_len {msg.decode_prefix_len} is not page aligned")
@@ -63,5 +67,6 @@ def row_copies(regions: Regions, page_size: int, kpool: int, src_pages: list[int
         rows = page_size if unit == "token" else page_size // kpool
         copies += [RowCopy(name, s * rows, d * rows, rows)
                    for s, d in zip(send, msg.dst_pages, strict=True)]
-    copies.append(RowCopy(AUX, src_aux_row, msg.dst_aux_row))
+    if aux:
+        copies.append(RowCopy(AUX, src_aux_row, msg.dst_aux_row))
     return copies

@@ -9,6 +9,14 @@ prefill wait for the room message -> prefill the prompt (the engine keeps the re
         state after it finishes) -> one NIXL WRITE of the missing pages, the state rows and the aux
         row, notifying ``glmlab:{room}:ok:{bytes}`` -> free the pages -> answer the router.
 
+Speculation: both roles run the same drafter; prefill's learns the prompt as a mixed engine's does
+and its hand-off rows (``glmlab.speculative.handoff``) travel with the cache rows, so decode
+verifies from its first step (``complete_import(..., draft_state=True)``).
+
+Under TP every rank does its own part: prefill rank r WRITEs its shard into decode rank r, whose
+agent gets the notification; decode's leader completes the import once every rank's has come,
+prefill's leader releases the request once every rank's WRITE is done (ranks.py).
+
 Failures are reported to both sides and always free what the request held: a prefill error sends
 ``glmlab:{room}:fail:{reason}``; decode gives up after ``transfer_timeout_s`` or as soon as the
 prefill's listener stops answering, telling the prefill with ``DELETE /rooms/{room}``. Pages that
@@ -19,13 +27,12 @@ notification arrives.
 from __future__ import annotations
 
 import hashlib
-import time
 
 from glmlab.engine.engine import Engine
 from glmlab.serve.bootstrap import PeerInfo
 from glmlab.serve.config import WorkerConfig
-from glmlab.serve.kvplan import AUX, checked_regions, new_aux
-from glmlab.serve.transfer import TransferAgent
+from glmlab.serve.shard import ShardTransfer
+from glmlab.serve.transfer import TransferError
 from glmlab.serve.worker import Worker
 
 OK, FAIL = "ok", "fail"
@@ -47,22 +54,36 @@ def parse_notif(msg: bytes) -> tuple[int, str, str] | None:
 
 
 class PDWorker(Worker):
-    """Registers the cache regions and an aux row per state slot with one NIXL agent."""
+    """Registers this rank's cache regions (and drafter rows) and an aux row per state slot with
+    one NIXL agent (``shard.ShardTransfer``); the followers of a TP worker hold their own."""
 
-    def __init__(self, wc: WorkerConfig, engine: Engine):
-        storage = engine.cache.storage
-        self.page_size, self.kpool = storage.page_size, storage.cfg.dsa.index_kpool
-        self.regions = checked_regions(storage.regions())
-        self.aux = new_aux(storage.num_state_slots, storage.device)
-        name = f"glmlab-{wc.spec.role.value}-{wc.spec.host}-{wc.spec.port}-{time.time_ns()}"
-        self.agent = TransferAgent(name, {**{n: t for n, (t, _) in self.regions.items()},
-                                          AUX: self.aux})
-        super().__init__(wc, engine)
+    def __init__(self, wc: WorkerConfig, engine: Engine, followers=None):
+        from glmlab.serve.ranks import agent_name
+
+        self.shard = ShardTransfer(engine, agent_name(wc, 0))
+        self.agent, self.page_size = self.shard.agent, self.shard.page_size
+        self.tp = wc.spec.tp
+        super().__init__(wc, engine, followers)
 
     def peer_info(self) -> PeerInfo:
-        return PeerInfo(self.agent.name, self.agent.metadata(), self.agent.regions,
-                        self.page_size)
+        ranks = self.followers.infos if self.followers is not None else ()
+        return self.shard.info(ranks)
+
+    def _add_peer_everywhere(self, peer: PeerInfo) -> str:
+        """Register ``peer`` with every rank (engine thread); rank 0's name for it."""
+        name = self.shard.add_peer(peer.agent_name, peer)
+        if self.followers is not None:
+            from glmlab.serve.ranks import reports_of
+
+            self.engine.post(("add_peer", peer.agent_name,
+                              [peer.rank(r).to_json() for r in range(peer.tp_size)]))
+            reports = self.engine.sync()
+            self._on_reports(reports)
+            errors = [it[3] for _, it in reports_of(reports, "peer") if it[2] is None]
+            if errors:
+                raise TransferError("; ".join(errors))
+        return name
 
     async def close(self) -> None:
         await super().close()
-        self.agent.close()
+        self.shard.close()

@@ -2,8 +2,10 @@
 
 See pd.py for the protocol. The request is queued as ``hold_after_prefill``: the engine keeps its
 pages and state after the first token (finish ``PREFILLED``), the worker writes the aux row and
-posts one NIXL WRITE of the pages decode lacks plus the state rows, polls it on the engine thread,
-then releases the request and answers the router with the first token.
+posts one NIXL WRITE of the pages decode lacks plus the state rows (and the drafter's hand-off
+rows), polls it on the engine thread, then releases the request and answers the router with the
+first token. Under TP each follower posts its own rank's WRITE (the ``push`` op) and reports it
+done; the request is released when every rank's is.
 """
 
 from __future__ import annotations
@@ -13,14 +15,11 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from glmlab.core import FinishReason, RequestOutput
 from glmlab.engine.engine import Engine
 from glmlab.serve.bootstrap import PeerInfo, RoomMessage, RoomTable, bootstrap_app
 from glmlab.serve.config import WorkerConfig
 from glmlab.serve.errors import ServeError
-from glmlab.serve.kvplan import row_copies
 from glmlab.serve.pd import FAIL, OK, PDWorker, notif, prompt_hash
 from glmlab.serve.schemas import GenRequest
 from glmlab.serve.transfer import PendingWrite, TransferError, WriteState
@@ -34,22 +33,25 @@ class _Push:
     started: float = field(default_factory=time.monotonic)
     write: PendingWrite | None = None
     first: RequestOutput | None = None  # the engine's record of the first token
+    local_done: bool = False  # rank 0's WRITE completed
+    nbytes: int = 0  # moved by every rank's WRITE, as each completed
+    ranks_left: set[int] = field(default_factory=set)  # followers whose WRITE is not done
 
 
 class PrefillWorker(PDWorker):
-    def __init__(self, wc: WorkerConfig, engine: Engine):
+    def __init__(self, wc: WorkerConfig, engine: Engine, followers=None):
         self.rooms = RoomTable(expire_s=wc.transfer.bootstrap_timeout_s * 2)
         self.peers: dict[str, PeerInfo] = {}
         self.pushes: dict[str, _Push] = {}  # by rid
         self.bytes_sent = 0
-        super().__init__(wc, engine)
+        super().__init__(wc, engine, followers)
 
     def bootstrap_app(self):
         return bootstrap_app(self.peer_info, self._register_peer, self.rooms, self._on_cancel)
 
     async def _register_peer(self, peer: PeerInfo) -> None:
         def add():
-            self.agent.add_peer(peer.metadata)
+            self._add_peer_everywhere(peer)
             self.peers[peer.agent_name] = peer
 
         await self.thread.call(add)
@@ -69,20 +71,41 @@ class PrefillWorker(PDWorker):
     def _busy(self) -> bool:
         return super()._busy() or any(p.write is not None for p in self.pushes.values())
 
+    def _rank_work(self) -> bool:
+        return any(p.ranks_left for p in self.pushes.values())
+
     def _work(self) -> bool:
         did = super()._work()
         for rid, p in list(self.pushes.items()):
             if p.write is None:
                 continue
-            state = self.agent.poll(p.write)
             late = time.monotonic() - p.started > self.wc.transfer.transfer_timeout_s
-            if state is WriteState.DONE:
-                self._done(rid, p)
-            elif state is WriteState.ERR or late:
+            state = WriteState.DONE if p.local_done else self.agent.poll(p.write)
+            if state is WriteState.DONE and not p.local_done:
+                p.local_done = True
+                p.nbytes += p.write.nbytes
+                if not p.ranks_left:
+                    self._done(rid, p)
+            if rid in self.pushes and (state is WriteState.ERR or late):
                 self.agent.release(p.write)
                 self._fail(rid, "the NIXL WRITE " + ("timed out" if late else "failed"))
             did = True
         return did
+
+    def _on_reports(self, reports: list) -> None:
+        from glmlab.serve.ranks import reports_of
+
+        for rank, (_, rid, state, detail, nbytes) in reports_of(reports, "write"):
+            p = self.pushes.get(rid)
+            if p is None or rank not in p.ranks_left:
+                continue  # failed or aborted meanwhile
+            if state != WriteState.DONE.value:
+                self._fail(rid, f"the NIXL WRITE of {detail} failed")
+                continue
+            p.ranks_left.discard(rank)
+            p.nbytes += nbytes
+            if not p.ranks_left and p.local_done:
+                self._done(rid, p)
 
     def _on_output(self, out: RequestOutput) -> None:
         p = self.pushes.get(out.rid)
@@ -95,17 +118,15 @@ class PrefillWorker(PDWorker):
         try:
             target = self.engine.export_target(out.rid)
             lp = out.logprobs[0].logprob if out.logprobs else float("nan")
-            self.aux[target.state_slot] = self.aux.new_tensor(
-                [out.new_token_ids[0], lp, target.prefix_len, p.msg.prompt_len])
-            copies = row_copies(self.regions, self.page_size, self.kpool, list(target.pages),
-                                target.state_slot, target.state_slot, p.msg)
             p.first = out
-            if self.aux.is_cuda:  # NIXL reads GPU memory outside torch's stream order
-                torch.cuda.synchronize(self.aux.device)
-            p.write = self.agent.write(p.peer.agent_name, copies, p.peer.regions,
-                                       notif(p.msg.room, OK, 0))
+            p.write = self.shard.push(target, p.msg, p.peer.agent_name, notif(p.msg.room, OK, 0),
+                                      first=(out.new_token_ids[0], lp))
+            if self.followers is not None:  # each follower WRITEs its own rank's shard
+                self.engine.post(("push", out.rid, p.peer.agent_name, p.msg.to_json(),
+                                  p.msg.room))
+                p.ranks_left = set(range(1, self.tp))
             self.timeline.add(out.rid, "write_posted", room=p.msg.room, bytes=p.write.nbytes,
-                              descs=p.write.num_descs)
+                              descs=p.write.num_descs, ranks=self.tp)
         except (TransferError, KeyError, ValueError) as e:
             self._fail(out.rid, f"cannot push the cache: {e}")
 
@@ -113,19 +134,22 @@ class PrefillWorker(PDWorker):
         self.pushes.pop(rid)
         self.engine.release_held(rid)
         self.engine.forget(rid)
-        self.bytes_sent += p.write.nbytes
-        self.timeline.add(rid, "write_done", room=p.msg.room, bytes=p.write.nbytes)
+        nbytes = p.nbytes  # every rank's WRITE: its own shard
+        self.bytes_sent += nbytes
+        self.timeline.add(rid, "write_done", room=p.msg.room, bytes=nbytes)
         box = self.outboxes.get(rid)
         if box is not None:
-            box.push({"pd_transfer": {"bytes": p.write.nbytes}})
+            box.push({"pd_transfer": {"bytes": nbytes}})
             # the router's answer from prefill: the first token, then "length" (decode goes on)
             box.push(dataclasses.replace(p.first, finish_reason=FinishReason.LENGTH))
 
     def _fail(self, rid: str, reason: str, notify: bool = True) -> None:
         p = self.pushes.pop(rid, None)
-        self._drop(rid)  # frees a running or a held request alike
+        self._drop(rid)  # frees a running or a held request alike, on every rank
         if p is None:
             return
+        if p.ranks_left:
+            self.engine.post(("drop", rid))
         self.timeline.add(rid, "transfer_failed", room=p.msg.room, reason=reason)
         if notify:
             with contextlib.suppress(Exception):  # decode may be gone: its timeout covers it

@@ -6,6 +6,12 @@ the engine's records for it. The PD roles (prefill.py, decode.py) add the transf
 worker computes the prompt and pushes its cache rows, the decode worker admits the request with
 pages it lacks and continues from the pushed state. Every engine and NIXL call runs on the
 worker's engine thread (engine_thread.py); the HTTP side only awaits results.
+
+A worker of ``tp`` ranks is this process (rank 0, the ``LeaderEngine``) and its followers
+(ranks.py): the thread steps the leader, which steps every rank; when the engine is idle it still
+syncs the followers while their rank-local work (transfers) is pending, and now and then to keep
+them alive. With speculation on, the stats carry the acceptance length per cycle
+(``spec_accept_length``: tokens committed per request per verify, SGLang's gauge).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,13 +73,19 @@ class Records:
         await self._gen.aclose()
 
 
+TICK_S = 0.005  # an idle TP leader polls its followers' transfers this often
+SPEC_HISTORY = 1024  # cycles of speculative stats a long-running worker keeps
+
+
 class Worker:
     """The engine thread, one outbox per request, stats; the PD roles override ``open``."""
 
-    def __init__(self, wc: WorkerConfig, engine: Engine):
+    def __init__(self, wc: WorkerConfig, engine: Engine, followers=None):
         if engine.tokenizer is None:
             raise ServeError(f"{wc.model_dir} has no tokenizer.json: the service needs one")
-        self.wc, self.engine = wc, engine
+        self.wc, self.engine, self.followers = wc, engine, followers
+        self._last_sync = time.monotonic()
+        self._rank_states: list[dict] = []
         self.card = ModelCard(wc.served_model_name, Path(wc.model_dir), engine.context_len,
                               engine.tokenizer, wc.spec.role.value)
         self.timeline = Timeline(wc.spec.role.value)
@@ -85,11 +98,39 @@ class Worker:
         return self.engine.has_work
 
     def _work(self) -> bool:
-        if not self.engine.has_work:
-            return False
-        for out in self.engine.step():
-            self._on_output(out)
-        return True
+        stepped = self.engine.has_work
+        if stepped:
+            for out in self.engine.step():
+                self._on_output(out)
+            spec = self.engine.spec
+            if spec is not None and len(spec.stats) > 2 * SPEC_HISTORY:
+                spec.trim(SPEC_HISTORY)
+        if self.followers is not None:
+            self._sync_followers(stepped)
+        return stepped
+
+    def _sync_followers(self, stepped: bool) -> None:
+        from glmlab.serve.ranks import KEEPALIVE_S
+
+        now = time.monotonic()
+        idle_for = now - self._last_sync
+        reports = []
+        if stepped:
+            self._last_sync = now
+        elif (self.engine.pending or (self._rank_work() and idle_for > TICK_S)
+              or idle_for > KEEPALIVE_S):
+            reports = self.engine.sync()
+            self._last_sync = now
+        reports += self.engine.take_reports()
+        if reports:
+            self._on_reports(reports)
+
+    def _rank_work(self) -> bool:
+        """Whether the followers have rank-local work in flight (the PD roles' transfers)."""
+        return False
+
+    def _on_reports(self, reports: list) -> None:
+        """The followers' (rank, report) items since the last call (PD roles read them)."""
 
     def _on_output(self, out: RequestOutput) -> None:
         box = self.outboxes.get(out.rid)
@@ -179,7 +220,15 @@ class Worker:
     def stats(self) -> dict[str, float]:
         """Gauges, under SGLang's names where it has one (read at scrape time)."""
         s = self.engine.stats()
-        return {"num_running_reqs": s.running, "num_queue_reqs": s.waiting,
+        spec = self.engine.spec
+        if spec is not None and self.wc.spec.role is not Role.PREFILL:  # prefill only learns
+            # mean tokens committed per request per cycle, since start
+            t = spec.totals
+            extra = {"spec_accept_length": spec.accept_length, "spec_cycles": t["cycles"],
+                     "spec_verified_requests": t["verified"]}
+        else:
+            extra = {}
+        return {**extra, "num_running_reqs": s.running, "num_queue_reqs": s.waiting,
                 "num_parked_reqs": s.parked, "num_pending_requests": len(self.outboxes),
                 "token_usage": s.pages_used / max(1, s.pages_total),
                 "pages_used": s.pages_used, "pages_total": s.pages_total,
@@ -189,24 +238,47 @@ class Worker:
                 "cached_tokens_total": s.cached_tokens}
 
     def _leak_check(self) -> str:
-        """"ok" when nothing holds a lease and every pool is free or evictable cache."""
+        """"ok" when nothing holds a lease and every pool is free or evictable cache, on
+        every rank of the worker."""
         if not self.engine.is_idle:
             return "busy"
-        problems = self.engine.leaks()
+        problems = self.engine.leaks() + self._rank_leaks()
         return "ok" if not problems else "leak: " + "; ".join(problems)
+
+    def _rank_leaks(self) -> list[str]:
+        if self.followers is None:
+            return []
+        from glmlab.serve.ranks import reports_of
+
+        self.engine.post(("leaks",))
+        reports = self.engine.sync()
+        self._last_sync = time.monotonic()
+        self._on_reports(reports)
+        ranks = reports_of(reports, "leaks")
+        self._rank_states = [{"rank": rank, "leaks": problems, **stats}
+                             for rank, (_, problems, stats) in ranks]
+        return [f"rank {rank}: {p}" for rank, (_, problems, _) in ranks for p in problems]
 
     def _info(self) -> dict:
         e, wc = self.engine, self.wc
+        leak_check = self._leak_check()  # first: it refreshes the followers' states
         return {"role": wc.spec.role.value,
                 "disaggregation_mode": "null" if wc.spec.role is Role.MIXED else wc.spec.role.value,
                 "served_model_name": self.card.served_model_name,
                 "model_path": str(self.card.model_dir), "tokenizer_path": str(self.card.model_dir),
-                "context_len": e.context_len,
+                "context_len": e.context_len, "tp_size": wc.spec.tp, "ep_size": wc.spec.ep,
                 # every knob as served, the bound backends, the pools; then what the weights are.
                 # Not "model": sglang-router takes that key for the model's id in /v1/models.
                 "engine": e.describe(), "weights": weight_info(e.model),
-                "internal_states": [self.stats()], "leak_check": self._leak_check(),
+                "internal_states": [self._internal_state()], "leak_check": leak_check,
+                "ranks": self._rank_states,  # followers: their leak check and pool use
                 "version": "glmlab"}
+
+    def _internal_state(self) -> dict:
+        state = self.stats()
+        if "spec_accept_length" in state:  # the key SGLang's /server_info uses
+            state["avg_spec_accept_length"] = state["spec_accept_length"]
+        return state
 
     async def server_info(self) -> dict:
         # on the engine thread: the leak check walks the pools, which only that thread mutates
@@ -215,6 +287,8 @@ class Worker:
     async def close(self) -> None:
         self.thread.stop()
         self.thread.join(5)
+        if self.followers is not None:  # the engine thread is gone: release the followers
+            self.followers.close(self.engine)
 
 
 def weight_info(model) -> dict:
@@ -227,12 +301,20 @@ def weight_info(model) -> dict:
 
 
 def load_worker(wc: WorkerConfig) -> Worker:
-    """The role's worker around an engine loaded from ``wc`` (``Engine.from_pretrained``)."""
-    engine = Engine.from_pretrained(wc.model_dir,
-                                    engine_config(wc.spec.role, wc.engine, wc.spec.device))
+    """The role's worker around an engine loaded from ``wc`` (``Engine.from_pretrained``; with
+    ``tp > 1`` rank 0's shard, the followers started beside it)."""
+    followers = None
+    if wc.spec.tp > 1:
+        from glmlab.serve.ranks import start_leader
+
+        engine, followers = start_leader(wc)
+    else:
+        engine = Engine.from_pretrained(wc.model_dir,
+                                        engine_config(wc.spec.role, wc.engine, wc.spec.device))
     if wc.spec.role is Role.MIXED:
-        return Worker(wc, engine)
+        return Worker(wc, engine, followers)
     from glmlab.serve.decode import DecodeWorker
     from glmlab.serve.prefill import PrefillWorker
 
-    return (PrefillWorker if wc.spec.role is Role.PREFILL else DecodeWorker)(wc, engine)
+    return (PrefillWorker if wc.spec.role is Role.PREFILL else DecodeWorker)(wc, engine,
+                                                                             followers)

@@ -17,6 +17,11 @@ a TP engine is N copies of one state machine fed one input log:
   (``follow``) replay it and step too. The message also carries the leader's previous step's
   outputs, which each follower compares with its own, so a divergence (a nondeterministic kernel
   in a replicated op) stops the run loudly at the next step instead of corrupting it silently.
+- rank-local work beside the engine (a PD worker's per-rank NIXL transfers of each rank's cache
+  shard): the leader ``post``s opaque ops into the same log, which each follower hands to its
+  ``RankHandler`` in log order; with ``exchange`` on, every command ends with each follower's
+  ``report()`` gathered to the leader (``take_reports``), and ``sync()`` sends a command without a
+  step (ops, polling, keep-alive while the engine is idle).
 
 Why the whole engine and not only the forward: per-request state lives in each rank's own cache
 (its heads' KDA state), so every state operation the engine does outside the forward (a fresh
@@ -34,7 +39,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -47,7 +52,8 @@ from glmlab.engine.engine import Engine
 from glmlab.engine.model_runner import budget_inputs
 from glmlab.model.glm import GLM5Model
 
-MUTATING = ("add_request", "abort", "forget", "complete_import", "release_held")
+MUTATING = ("add_request", "abort", "forget", "complete_import", "release_held", "flush_cache")
+OP = "op"  # a logged rank-local action for each follower's RankHandler (not an engine call)
 
 
 class LockstepError(RuntimeError):
@@ -67,6 +73,15 @@ class Command:
     calls: tuple[Call, ...]
     check: tuple | None  # the leader's outputs of its previous step (``digest``)
     stop: bool = False
+    step: bool = True  # False: replay the calls and ops only (``LeaderEngine.sync``)
+
+
+class RankHandler(Protocol):
+    """A follower's rank-local side: the ops the leader posts, and what it reports back."""
+
+    def on_op(self, op: Any) -> None: ...
+
+    def report(self) -> Any: ...  # after every command, gathered to the leader
 
 
 def digest(outputs: Sequence[RequestOutput]) -> tuple:
@@ -121,6 +136,15 @@ class Channel:
         dist.broadcast_object_list(box, src=self.src, group=self.group)
         return box[0]
 
+    def gather(self, value: Any) -> list[Any] | None:
+        """Every rank's ``value`` on the leader (in rank order), None elsewhere."""
+        if self.group is None:
+            return [value]
+        leader = dist.get_rank(self.group) == 0
+        out: list[Any] | None = [None] * dist.get_world_size(self.group) if leader else None
+        dist.gather_object(value, out, dst=self.src, group=self.group)
+        return out
+
 
 def control_group(groups: ProcessGroups):
     """A gloo group over this rank's TP group (collective: every rank calls it, in step)."""
@@ -143,13 +167,16 @@ class LeaderEngine:
     """Rank 0's engine: the ``Engine`` API, with mutating calls logged for the followers.
 
     Reads (``has_work``, ``request``, ``budget``, ``cache``, ``export_target``, ...) go to the
-    local engine; ``close`` releases the followers."""
+    local engine; ``close`` releases the followers. With ``exchange`` the followers run a
+    ``RankHandler`` and report after every command."""
 
-    def __init__(self, engine: Engine, channel: Channel):
-        self.engine, self.channel = engine, channel
+    def __init__(self, engine: Engine, channel: Channel, exchange: bool = False):
+        self.engine, self.channel, self.exchange = engine, channel, exchange
         self._calls: list[Call] = []
         self._last: tuple | None = None
+        self._reports: list[tuple[int, Any]] = []
         self.closed = False
+        self.broken: str | None = None
 
     def __getattr__(self, name: str):
         if name == "engine":  # not set yet (unpickling, or __init__ failed)
@@ -174,17 +201,59 @@ class LeaderEngine:
     def forget(self, rid: str) -> None:
         self._call("forget", rid)
 
-    def complete_import(self, rid: str, first_token: int, logprob=None) -> RequestOutput:
-        return self._call("complete_import", rid, first_token, logprob)
+    def complete_import(self, rid: str, first_token: int, logprob=None,
+                        draft_state: bool = False) -> RequestOutput:
+        return self._call("complete_import", rid, first_token, logprob, draft_state=draft_state)
 
     def release_held(self, rid: str) -> None:
         self._call("release_held", rid)
+
+    def flush_cache(self) -> bool:
+        return self._call("flush_cache")
+
+    def post(self, op: Any) -> None:
+        """Log ``op`` for every follower's handler (the leader does its own part itself)."""
+        self._calls.append(Call(OP, (op,), {}, raised=False))
+
+    @property
+    def pending(self) -> bool:
+        """Calls or ops logged that the followers have not received yet."""
+        return bool(self._calls)
 
     def step(self) -> list[RequestOutput]:
         self._send(stop=False)
         outputs = self.engine.step()
         self._last = digest(outputs)
+        self._collect()
         return outputs
+
+    def sync(self) -> list[tuple[int, Any]]:
+        """Send the log without a step; with ``exchange``, the followers' reports since the
+        last ``take_reports`` (this command's included)."""
+        self._send(stop=False, step=False)
+        self._collect()
+        return self.take_reports()
+
+    def take_reports(self) -> list[tuple[int, Any]]:
+        """(rank, report) of every follower for each command since the last call."""
+        out, self._reports = self._reports, []
+        return out
+
+    def _collect(self) -> None:
+        if self.exchange:
+            reports = self._exchange(lambda: self.channel.gather(None))
+            self._reports += [(rank, r) for rank, r in enumerate(reports) if rank]
+
+    def _exchange(self, fn: Callable[[], Any]) -> Any:
+        """A collective of the control channel; one that fails leaves the ranks out of step, so
+        every later call raises too."""
+        if self.broken is not None:
+            raise LockstepError(f"the ranks are out of step since: {self.broken}")
+        try:
+            return fn()
+        except Exception as e:
+            self.broken = f"{type(e).__name__}: {e}"
+            raise LockstepError(f"the control channel failed: {self.broken}") from e
 
     def close(self) -> None:
         """Let the followers return (after replaying the calls made since the last step)."""
@@ -192,10 +261,11 @@ class LeaderEngine:
             self._send(stop=True)
             self.closed = True
 
-    def _send(self, stop: bool) -> None:
+    def _send(self, stop: bool, step: bool = True) -> None:
         if self.closed:
             raise LockstepError("the followers were released (close) already")
-        self.channel.send(Command(tuple(self._calls), self._last, stop))
+        command = Command(tuple(self._calls), self._last, stop, step)
+        self._exchange(lambda: self.channel.send(command))
         self._calls = []
 
 
@@ -208,8 +278,10 @@ class FollowStats:
     outputs: list[tuple] = field(default_factory=list)  # digests of every step, in order
 
 
-def follow(engine: Engine, channel: Channel, keep_outputs: bool = False) -> FollowStats:
-    """Replay the leader's calls and steps until it closes; returns what was done."""
+def follow(engine: Engine, channel: Channel, keep_outputs: bool = False,
+           handler: RankHandler | None = None) -> FollowStats:
+    """Replay the leader's calls and steps until it closes; returns what was done. With a
+    ``handler`` (the leader's ``exchange`` on) ops go to it and it reports after each command."""
     stats, last = FollowStats(), None
     while True:
         cmd = channel.recv()
@@ -217,16 +289,24 @@ def follow(engine: Engine, channel: Channel, keep_outputs: bool = False) -> Foll
             raise LockstepError(f"rank {dist.get_rank()} diverged from the leader at step "
                                 f"{stats.steps}: leader {cmd.check}, here {last}")
         for call in cmd.calls:
+            if call.method == OP:
+                if handler is None:
+                    raise LockstepError("the leader posted an op but this rank has no handler")
+                handler.on_op(call.args[0])
+                continue
             result = _replay(engine, call)
             stats.calls += 1
             if call.method == "add_request" and result is not None:
                 stats.added.append(result)
         if cmd.stop:
             return stats
-        last = digest(engine.step())
-        stats.steps += 1
-        if keep_outputs:
-            stats.outputs.append(last)
+        if cmd.step:
+            last = digest(engine.step())
+            stats.steps += 1
+            if keep_outputs:
+                stats.outputs.append(last)
+        if handler is not None:
+            channel.gather(handler.report())
 
 
 def _replay(engine: Engine, call: Call) -> Any:

@@ -164,14 +164,14 @@ def test_engine_flags_reach_each_role_with_per_role_overrides():
     assert engine_options(_serve_args(), "decode") == {}  # no flag: every default
 
 
-def test_speculative_flags_reach_mixed_workers_and_are_refused_on_pd_roles():
+def test_speculative_flags_reach_mixed_and_pd_workers():
     svc = build_service(_serve_args("--mode", "mixed", "--speculative-algorithm", "mtp",
                                     "--speculative-num-steps", "3"), quiet=True)
     options = svc.engine_options[Role.MIXED]
     assert options["speculative"] == {"algorithm": "mtp", "num_steps": 3}
     assert engine_config(Role.MIXED, options, "cpu").speculative.width == 4
-    with pytest.raises(ValueError, match="drafter state"):
-        build_service(_serve_args("--decode-speculative-algorithm", "mtp"), quiet=True)
+    pd = build_service(_serve_args("--decode-speculative-algorithm", "mtp"), quiet=True)
+    assert pd.engine_options[Role.PREFILL]["speculative"] == {"algorithm": "mtp"}  # issue 20
     with pytest.raises(ValueError, match="page_size"):  # checked before any process starts
         build_service(_serve_args("--prefill-page-size", "0"), quiet=True)
     with pytest.raises(ValueError, match="not an engine option"):
