@@ -128,10 +128,6 @@ class Child:
                 "last_death": self.last_death or None}
 
 
-class ServiceError(RuntimeError):
-    pass
-
-
 class Service:
     def __init__(self, cfg: ServeConfig, model_dir: Path, served_model_name: str,
                  engine_options: dict[Role, dict] | None = None, quiet: bool = False,
@@ -188,6 +184,10 @@ class Service:
         except BaseException:
             self.stop()
             raise
+        return self.supervise()
+
+    def supervise(self) -> Service:
+        """Watch the children (all up now) from a thread of this process until ``stop``."""
         for c in self.children:
             c.state = "up"
         self._watcher = threading.Thread(target=self._watch, name="glmlab-supervisor",
