@@ -6,6 +6,8 @@ bodies -> one ``GenRequest``), ``responses`` (SGLang / OpenAI answers from the e
 protocol), ``prefill`` / ``decode`` (the two PD roles), ``bootstrap`` (pairing by
 ``bootstrap_room``), ``kvplan`` (which cache rows a request sends), ``transfer`` (NIXL WRITE);
 ``config`` (layouts, worker configs, the engine config of a role), ``router`` (sglang-router),
-``supervisor`` (the processes of one service), ``server`` (one worker process), ``metrics``,
-``timeline`` (per-request traces). ``glmlab serve`` is ``glmlab/commands/serve.py``.
+``supervisor`` (the processes of one service, restarted or failed), ``front`` (the service's one
+address: /health, /server_info, the rest to the router), ``limits`` (body cap, stream send
+timeout), ``server`` (one worker process), ``metrics``, ``timeline`` (per-request traces).
+``glmlab serve`` is ``glmlab/commands/serve.py``; its behaviour under faults, docs/serving.md.
 """
