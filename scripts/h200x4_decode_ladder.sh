@@ -78,16 +78,16 @@ decode) cat > "$RUNGS" <<EOF
 [{"name": "1-baseline-bf16kv-fp32state", "mode": "pd",
   "engine": {$COMMON, "kv_dtype": "bf16", "state_dtype": "fp32", "radix": "off"},
   "prefill_engine": $PREFILL, "kv_dtype": "bf16"},
-  "seed": {"max_running_requests": 56, "output_tok_s": 2781.88, "mean_tpot_ms": 16.28}},
+  "reference": {"max_running_requests": 56, "output_tok_s": 2781.88, "mean_tpot_ms": 16.28}},
  {"name": "2-fp8kv", "mode": "pd",
   "engine": {$COMMON, $FP8KV, "state_dtype": "fp32", "radix": "off"},
   "prefill_engine": $PREFILL, $FP8KV},
-  "seed": {"max_running_requests": 96, "output_tok_s": 3881.60, "mean_tpot_ms": 22.98}},
+  "reference": {"max_running_requests": 96, "output_tok_s": 3881.60, "mean_tpot_ms": 22.98}},
  {"name": "5-kv-only-radix-no-spec", "mode": "pd",
   "engine": {$COMMON, $FP8KV, "state_dtype": "bf16", "radix": "kv_only"},
   "prefill_engine": $PREFILL, $FP8KV, "state_dtype": "bf16"},
-  "seed": {"max_running_requests": 128, "output_tok_s": 9529.15, "mean_tpot_ms": 12.47,
-           "note": "seed rung 5 also runs MTP516 + ReplaySSM; glmlab's imported requests decode without speculation"}}]
+  "reference": {"max_running_requests": 128, "output_tok_s": 9529.15, "mean_tpot_ms": 12.47,
+           "note": "reference deployment rung 5 also runs MTP516 + ReplaySSM; glmlab's imported requests decode without speculation"}}]
 EOF
   ARGS=$SIZE_DECODE ;;
 spec)
@@ -98,28 +98,28 @@ spec)
   "engine": {$COMMON, $FP8KV, "state_dtype": "fp32", "radix": "kv_and_state",
              "speculative": {"algorithm": "mtp", "num_steps": 5, "commit": "snapshot",
                              "simulate_accept_len": 5.66}},
-  "seed": {"max_running_requests": 56, "output_tok_s": 5625.32, "mean_tpot_ms": 8.91}},
+  "reference": {"max_running_requests": 56, "output_tok_s": 5625.32, "mean_tpot_ms": 8.91}},
  {"name": "4-replayssm-bf16state", "mode": "mixed",
   "engine": {$COMMON, $FP8KV, "state_dtype": "bf16", "radix": "kv_and_state",
              "speculative": {"algorithm": "mtp", "num_steps": 5, "commit": "replay",
                              "simulate_accept_len": 5.66}},
-  "seed": {"max_running_requests": 88, "output_tok_s": 7721.79, "mean_tpot_ms": 10.49}},
+  "reference": {"max_running_requests": 88, "output_tok_s": 7721.79, "mean_tpot_ms": 10.49}},
  {"name": "6-dflash2-b8", "mode": "mixed",
   "engine": {$COMMON, $FP8KV, "state_dtype": "bf16", "radix": "kv_and_state",
              "speculative": {"algorithm": "dflash2", "block_size": 8, "commit": "replay",
                              "draft_path": "$DRAFT", "simulate_accept_len": 7.03}},
-  "seed": {"max_running_requests": 132, "output_tok_s": 12026.62, "mean_tpot_ms": 10.07}}]
+  "reference": {"max_running_requests": 132, "output_tok_s": 12026.62, "mean_tpot_ms": 10.07}}]
 EOF
   ARGS=$SIZE_DECODE ;;
 prefill) NUM_PROMPTS=${NUM_PROMPTS_PREFILL:-8}; cat > "$RUNGS" <<EOF
 [{"name": "tp4-chunk8k", "mode": "mixed",
   "engine": {$COMMON, "kv_dtype": "bf16", "radix": "off", "chunk_size": 8192,
              "max_prefill_tokens": 8192, "max_num_batched_tokens": 8192},
-  "seed": {"input_tok_s": 23304.96, "mean_ttft_s": 5.61, "note": "seed baseline: TP4, no CP"}},
+  "reference": {"input_tok_s": 23304.96, "mean_ttft_s": 5.61, "note": "reference deployment baseline: TP4, no CP"}},
  {"name": "tp4-chunk32k", "mode": "mixed",
   "engine": {$COMMON, "kv_dtype": "bf16", "radix": "off", "chunk_size": 32768,
              "max_prefill_tokens": 32768, "max_num_batched_tokens": 32768},
-  "seed": {"input_tok_s": 48064.24, "mean_ttft_s": 2.72, "note": "seed final: TP4/EP1/CP4"}}]
+  "reference": {"input_tok_s": 48064.24, "mean_ttft_s": 2.72, "note": "reference deployment final: TP4/EP1/CP4"}}]
 EOF
   ARGS=$SIZE_PREFILL ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;

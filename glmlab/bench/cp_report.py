@@ -1,8 +1,10 @@
-"""What the CP benchmark rows say, next to the seed's prefill ladder (notebook 06, closing notes).
+"""What the CP benchmark rows say, next to the reference deployment's prefill ladder (notebook 06,
+closing notes).
 
 ``summarize(rows)`` turns ``data/bench/cp*.jsonl`` rows (``glmlab.bench.ops_cp``) into the ratios
 the issue asks for: packet vs BF16 all-gather bytes and time, MoE layer time per dispatch, CP vs
-CP1 prefill input tokens/s. ``SEED_PREFILL_LADDER`` is the seed's table (4 x H200, 64K input) and
+CP1 prefill input tokens/s. ``REFERENCE_PREFILL_LADDER`` is the reference deployment's table (4 x
+H200, 64K input) and
 ``fp8_comm_estimate`` sizes the slice of its last step that the smaller all-gather alone explains,
 from a measured all-gather bandwidth. Pure data in, data out: no torch, no devices.
 """
@@ -15,8 +17,9 @@ from pathlib import Path
 
 from glmlab.kernels.fp8.packet_ref import PacketLayout
 
-# (configuration, input tokens/s, what changed): seed section 4, TP4/EP1/CP4, 64K in, 10 out.
-SEED_PREFILL_LADDER = [
+# (configuration, input tokens/s, what changed): reference deployment section 4, TP4/EP1/CP4, 64K
+# in, 10 out.
+REFERENCE_PREFILL_LADDER = [
     ("Baseline", 23304.96, "no CP; prefill BCG disabled"),
     ("CP + BCG", 31661.00, "interleaved CP4, CUDA graphs for prefill"),
     ("Execution prep + MoE", 35661.29, "fewer syncs and KV copies; MoE tuning; act+quant fusion"),
@@ -36,12 +39,12 @@ def read_rows(paths: list[str | Path]) -> list[dict]:
 
 def ladder_steps() -> list[dict]:
     """Each step's gain over the previous one and its share of the total 2.06x."""
-    total = SEED_PREFILL_LADDER[-1][1] / SEED_PREFILL_LADDER[0][1]
+    total = REFERENCE_PREFILL_LADDER[-1][1] / REFERENCE_PREFILL_LADDER[0][1]
     out, prev = [], None
-    for name, tok_s, what in SEED_PREFILL_LADDER:
+    for name, tok_s, what in REFERENCE_PREFILL_LADDER:
         step = tok_s / prev if prev else 1.0
         out.append({"config": name, "input_tok_s": tok_s, "what": what, "step_x": step,
-                    "cumulative_x": tok_s / SEED_PREFILL_LADDER[0][1],
+                    "cumulative_x": tok_s / REFERENCE_PREFILL_LADDER[0][1],
                     "share_of_log_gain": math.log(step) / math.log(total)})
         prev = tok_s
     return out

@@ -2,26 +2,29 @@
 
     python -m glmlab.bench.engine_tp --ranks 2 --preset tiny --num-prompts 8 --input-len 200 \\
         --output-len 16 --shared-prefix-ratio 0.9 --rungs '[{"name": "base"}]'
-    scripts/h200x4_decode_ladder.sh     # the seed's decode ladder at TP4/EP4, full size
+    scripts/h200x4_decode_ladder.sh     # the reference deployment's decode ladder at TP4/EP4, full
+    size
 
 Every rank builds its shard once (``--model DIR``: load + ``apply_tp``; ``--preset NAME``: the
 random checkpoint drawn in place by ``random_tp_model``, no disk), then runs each rung: an engine
 around the shard (``EngineConfig`` fields from the rung) driven closed-loop with ``concurrency``
-requests in flight (0: the running-request limit + 4, just above it, as the seed sets its
+requests in flight (0: the running-request limit + 4, just above it, as the reference deployment
+sets its
 client). Every rank runs the same program (``glmlab.distributed.engine_tp``); rank 0 takes the
 times and the ranks' outputs are checked equal at the end. Modes:
 
 - ``mixed``: one engine prefills and decodes. With ``radix=kv_and_state`` a shared prefix is
   computed once (the warm-up request) and each request computes only its own tail.
 - ``pd``: a prefill engine (``prefill_engine`` options, kv_and_state) hands each request to a
-  decode engine (``engine`` options) through ``LocalPD``: the seed's decode instance, with its
+  decode engine (``engine`` options) through ``LocalPD``: the reference deployment's decode
+  instance, with its
   own radix mode. Requests enter as the decode engine has room for them (concurrency = its
   limit). Imported requests decode without speculation (the drafter never saw their prompt),
   so speculative rungs run in ``mixed`` mode.
 
 A row: output/input tokens/s over the run, mean TPOT (per request, first token excluded) and
 TTFT, the running-request limit and the median running count, the pools per GPU, speculative
-cycle statistics, the rung's ``seed`` figures copied beside ours.
+cycle statistics, the rung's ``reference`` figures (the published deployment's) copied beside ours.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Workload:
     num_prompts: int = 16
     input_len: int = 256
     output_len: int = 16
-    shared_prefix_ratio: float = 0.0  # 0.999: the seed's decode workload
+    shared_prefix_ratio: float = 0.0  # 0.999: the reference deployment's decode workload
     concurrency: int = 0  # 0: the running-request limit + 4
     seed: int = 0
 
@@ -82,7 +85,7 @@ class Rung:
     engine: dict = field(default_factory=dict)  # EngineConfig fields
     mode: str = "mixed"  # mixed | pd
     prefill_engine: dict = field(default_factory=dict)  # pd: the prefill engine's fields
-    seed: dict = field(default_factory=dict)  # the seed's figures for this configuration
+    reference: dict = field(default_factory=dict)  # the reference deployment's figures here
 
 
 @dataclass(frozen=True)
@@ -245,7 +248,7 @@ def run_rung(bench: TPBenchConfig, model: GLM5Model, groups: ProcessGroups, rung
                backend=dist.get_backend() if dist.is_initialized() else None,
                **dataclasses.asdict(w) | {"concurrency": concurrency},
                engine=cfg.describe(), pools_per_gpu=pools(engine),
-               **summarize(run, w.num_prompts * w.input_len), seed_figures=rung.seed)
+               **summarize(run, w.num_prompts * w.input_len), reference_figures=rung.reference)
     if engine.spec is not None:
         row["speculative"] = engine.spec.summary()
     if bench.device.startswith("cuda"):
@@ -289,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(Workload):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     p.add_argument("--rungs", default='[{"name": "default"}]',
-                   help="JSON list of rungs {name, engine, mode, prefill_engine, seed}, or @FILE")
+                   help="JSON list of rungs {name, engine, mode, prefill_engine, reference}, "
+                   "or @FILE")
     p.add_argument("--override", default="{}",
                    help="JSON merged into every rung's engine options, e.g. to rehearse a GPU "
                         "ladder on the CPU with small pools and the torch backends")

@@ -1,8 +1,10 @@
 """One serving benchmark run (or an SLO search) against a live server, written as JSONL rows.
 
-``BenchConfig`` fields mirror the seed's ``sglang.benchmark.serving`` flags (``--dataset-name
+``BenchConfig`` fields mirror the reference deployment's ``sglang.benchmark.serving`` flags
+(``--dataset-name
 generated-shared-prefix --gsp-num-groups ... --request-rate inf --max-concurrency 140
---warmup-requests 12 --seed 42 --output-file ...``), so ``glmlab bench`` reads like the seed's
+--warmup-requests 12 --seed 42 --output-file ...``), so ``glmlab bench`` reads like the reference
+deployment's
 command. The SLO mode raises ``max_concurrency`` (doubling, then bisecting) to find the highest
 load whose mean TTFT and TPOT stay within the targets.
 
@@ -76,13 +78,15 @@ class BenchConfig:
         return bool(self.slo_ttft_ms or self.slo_tpot_ms)
 
 
-SEED_PREFIX_RATIOS = (0.0, 0.5, 0.9375)  # the seed's 3P1D workloads: 0%, 50%, 93.75% shared
+# the reference deployment's 3P1D workloads: 0%, 50%, 93.75% shared
+REFERENCE_PREFIX_RATIOS = (0.0, 0.5, 0.9375)
 
 
 def shared_prefix_ladder(base: BenchConfig, prompt_len: int, output_len: int,
-                         ratios: tuple[float, ...] = SEED_PREFIX_RATIOS,
+                         ratios: tuple[float, ...] = REFERENCE_PREFIX_RATIOS,
                          ) -> list[tuple[str, BenchConfig]]:
-    """The seed's shared-prefix workloads (64K in / 1K out at 0, 50 and 93.75 % shared) scaled to
+    """The reference deployment's shared-prefix workloads (64K in / 1K out at 0, 50 and 93.75 %
+    shared) scaled to
     ``prompt_len`` / ``output_len``: system prompt = ratio x prompt, question = the rest."""
     out = []
     for r in ratios:

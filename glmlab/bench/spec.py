@@ -2,9 +2,11 @@
 
 For each drafter the bench prefills ``--batch`` random prompts of ``--context`` tokens, runs
 ``--warmup`` + ``--cycles`` speculative cycles with **simulated acceptance** (random weights never
-accept real drafts; the seed's lengths by default: MTP718 7.37, DFlash2 block 8 7.03) and records
+accept real drafts; the reference deployment's lengths by default: MTP718 7.37, DFlash2 block 8
+7.03) and records
 the mean wall time of each phase (draft / verify / commit / rest), the cycle time, the mean commit
-length and ms per accepted token (cycle time / acceptance length, the seed's cost model), plus the
+length and ms per accepted token (cycle time / acceptance length, the reference deployment's cost
+model), plus the
 per-cycle phase times for timeline plots. One JSONL row per drafter goes to
 ``data/bench/spec[-TAG].jsonl`` with the machine, versions, backends and sizes; every row carries
 ``simulated: true``.
@@ -48,7 +50,7 @@ from glmlab.speculative.memory import spec_state_bytes
 from glmlab.speculative.types import SpecRequest
 
 _DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-SEED_ACCEPT = {"mtp": 7.37, "dflash2": 7.03}  # the seed's acceptance lengths at width 8
+REFERENCE_ACCEPT = {"mtp": 7.37, "dflash2": 7.03}  # the reference's acceptance lengths at width 8
 
 
 def build_target(preset: str, device: str, dtype: torch.dtype, seed: int = 0,
@@ -86,7 +88,7 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
 
 def run_one(target: GLM5Model, args, algorithm: str, kv_dtype: str = "bf16") -> dict:
     width = args.width
-    accept_len = args.accept.get(algorithm, SEED_ACCEPT[algorithm])
+    accept_len = args.accept.get(algorithm, REFERENCE_ACCEPT[algorithm])
     spec = SpecConfig(algorithm=algorithm, num_steps=width - 1, block_size=width,
                       commit=args.commit, draft_kv_dtype="bf16" if kv_dtype == "-" else kv_dtype,
                       simulate_accept_len=accept_len, simulate_mode=args.accept_mode)
@@ -157,7 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--algorithms", default="mtp,dflash2")
     p.add_argument("--draft-kv", default="bf16,fp8", help="DFlash2 draft KV dtypes to run")
     p.add_argument("--draft-layers", type=int, default=None, help="default 5 at real width, else 2")
-    p.add_argument("--accept", default="", help="e.g. mtp=7.37,dflash2=7.03 (default: the seed's)")
+    p.add_argument("--accept", default="", help="e.g. mtp=7.37,dflash2=7.03 "
+                   "(default: the reference deployment's)")
     p.add_argument("--accept-mode", choices=("fixed", "sampled"), default="fixed")
     p.add_argument("--commit", choices=("replay", "snapshot"), default="replay")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")

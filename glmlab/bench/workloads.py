@@ -1,6 +1,8 @@
-"""Serving workloads: random prompts, and the generated-shared-prefix set of the seed's benchmark.
+"""Serving workloads: random prompts, and the generated-shared-prefix set of the reference
+deployment's benchmark.
 
-As in SGLang's ``generated-shared-prefix`` dataset (docs/techniques.md section 8): ``num_groups`` random
+As in SGLang's ``generated-shared-prefix`` dataset (docs/techniques.md section 8): ``num_groups``
+random
 system prompts of ``system_prompt_len`` tokens, each followed by ``prompts_per_group`` random
 questions of ``question_len`` tokens, joined as ``f"{system}\\n\\n{question}"``; lengths drawn
 uniformly from ``[len * range_ratio, len]``; order shuffled unless ``ordered``. Prompts are text

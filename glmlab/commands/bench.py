@@ -1,4 +1,5 @@
-"""glmlab bench: the seed's serving benchmark against a running server (glmlab serve or SGLang)."""
+"""glmlab bench: the reference deployment's serving benchmark against a running server
+(glmlab serve or SGLang)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ outputs are reduce-scattered back to the shards. Three dispatches (``MoEDispatch
 
 - ``BF16``: all-gather the hidden states, route every gathered token on every rank, experts read
   the hidden states as they are. The exact reference: same math as the single-device layer.
-- ``BF16_THEN_FP8``: the seed's baseline. Same gather, then every rank also quantises all T
+- ``BF16_THEN_FP8``: the reference deployment's baseline. Same gather, then every rank also
+quantises all T
   tokens to FP8 (per token, per 128 channels), duplicating work cp times.
 - ``FP8_PACKET``: each rank routes and quantises only its own shard, packs one packet per token
   (``glmlab.kernels.fp8.packet_ref``), and one all-gather moves ~52% of the BF16 bytes; unpacking

@@ -5,7 +5,8 @@ A prefill engine runs each prompt and holds its cache after the first token; the
 admits the request as *imported* (its radix tree, in ``kv_only`` mode, shares the cached prefix),
 the prompt's missing pages and the request's state are copied across (``ModelCache.copy_from``),
 and the decode engine continues from the first token. ``slot_accounting`` uses it to measure the
-seed's claim: N requests sharing Lp tokens, each with Ls of its own, occupy Lp + N x Ls token slots
+the reference deployment's claim: N requests sharing Lp tokens, each with Ls of its own, occupy Lp
++ N x Ls token slots
 with the kv_only cache instead of N x (Lp + Ls).
 """
 

@@ -11,6 +11,7 @@
   records of the carried state, and the rollback to the accepted prefix).
 - ``cycle``: ``SpecDecoder`` over any ``CacheLayout`` (``layout``: a ``Session``;
   ``engine_phase``: the engine's ``Phase.VERIFY``); ``factory`` builds it from a ``SpecConfig``.
-- ``sim`` (simulated acceptance), ``costs`` (the seed's cost model and numbers), ``memory``
+- ``sim`` (simulated acceptance), ``costs`` (the reference deployment's cost model and numbers),
+``memory``
   (verify-state and draft-KV bytes), ``check`` (speculative vs plain decoding on one model).
 """

@@ -1,10 +1,13 @@
-"""The seed's speculative cost model, and its published MTP718 / DFlash2 block-8 numbers.
+"""The reference deployment's speculative cost model, and its published MTP718 / DFlash2 block-8
+numbers.
 
     output throughput ~ active requests x acceptance length / cycle time
     amortised cost    = cycle time / acceptance length        (ms per accepted token)
 
-where the acceptance length is the mean commit length (accepted drafts + bonus). ``SEED`` holds the
-seed's Figure 3 phase means on 4 x H200 at ~128 active requests; "rest" is what the seed lists as
+where the acceptance length is the mean commit length (accepted drafts + bonus). ``REFERENCE``
+holds the
+the reference deployment's Figure 3 phase means on 4 x H200 at ~128 active requests; "rest" is what
+the reference deployment lists as
 "cache updates, state commits, and stage gaps" (cycle - draft - verify).
 """
 
@@ -33,20 +36,22 @@ class CycleCost:
 
     @classmethod
     def of_row(cls, row: dict) -> CycleCost:
-        """From a ``glmlab.bench.spec`` row (commit folded into rest, as the seed reports it)."""
+        """From a ``glmlab.bench.spec`` row (commit folded into rest, as the reference
+        deployment reports it)."""
         p = row["phase_ms"]
         return cls(p["draft"], p["verify"], row["cycle_ms"], row["accept_len"])
 
 
-SEED = {
+REFERENCE = {
     "MTP718": CycleCost(draft_ms=9.13, verify_ms=65.16, cycle_ms=86.94, accept_len=7.37),
     "DFlash2-B8": CycleCost(draft_ms=3.15, verify_ms=66.30, cycle_ms=74.14, accept_len=7.03),
 }
-SEED_THROUGHPUT = {"MTP718": 10570, "DFlash2-B8": 11459}  # output tok/s, same service otherwise
+# output tok/s, same service otherwise
+REFERENCE_THROUGHPUT = {"MTP718": 10570, "DFlash2-B8": 11459}
 
 
 def compare(rows: list[dict]) -> list[dict]:
-    """Our measured rows beside the seed's numbers, one dict per (config, source)."""
+    """Our measured rows beside the reference's numbers, one dict per (config, source)."""
     out = []
     for row in rows:
         ours = CycleCost.of_row(row)
@@ -54,8 +59,9 @@ def compare(rows: list[dict]) -> list[dict]:
                                  if "draft_kv_dtype" in row else "")
         out.append({"config": label, "source": f"glmlab {row['preset']} {row['device']}"
                     + (" [simulated]" if row.get("simulated") else ""), **_fields(ours)})
-    for name, cost in SEED.items():
-        out.append({"config": name, "source": "seed, 4xH200 (Figure 3)", **_fields(cost)})
+    for name, cost in REFERENCE.items():
+        out.append({"config": name, "source": "reference deployment, 4xH200 (Figure 3)",
+                    **_fields(cost)})
     return out
 
 

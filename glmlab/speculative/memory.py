@@ -7,7 +7,8 @@
   ``glmlab.cache.footprint`` does for the state itself.
 - Per token slot (DFlash2): draft K/V rows, BF16 or FP8 (``glmlab.speculative.draft_kv``).
 
-``fp8_draft_kv_saving`` answers the seed's open question "what would FP8 draft KV free?" from a
+``fp8_draft_kv_saving`` answers the reference deployment's open question "what would FP8 draft KV
+free?" from a
 measured BF16 draft-KV footprint: FP8 stores Dh bytes + a 4-byte scale per head row instead of
 2 * Dh bytes, whatever the number of draft layers and heads.
 """

@@ -6,7 +6,8 @@ that commit one token. ``SimulatedAcceptance`` instead decides how many drafts e
 drafts plus the target's argmax after them, which is **not** the target's own output. Every result
 that used it carries ``simulated=True`` (sglang's equivalent is ``SGLANG_SIMULATE_ACC_LEN``).
 
-Modes, for a mean commit length m (accepted drafts + bonus, the seed's "acceptance length"):
+Modes, for a mean commit length m (accepted drafts + bonus, the reference deployment's "acceptance
+length"):
 - ``fixed``: each request commits floor(m) or ceil(m), mixed deterministically so the running mean
   tracks m (7.03 -> 97 cycles of 7 and 3 of 8 per 100);
 - ``sampled``: every draft is accepted with one constant probability a, chosen so that

@@ -13,7 +13,7 @@ from glmlab.trace.widgets.budget import (
     budget_figure,
     budget_view,
     pool_occupancy_figure,
-    seed_comparison,
+    reference_comparison,
     slot_accounting_figure,
 )
 from glmlab.trace.widgets.layout import FigureSwitch, fmt, lines, table, tile_config
@@ -23,12 +23,13 @@ from glmlab.trace.widgets.speculative import (
     cycle_explorer,
     cycle_rows,
     cycle_timeline_figure,
-    seed_cycle_rows,
+    reference_cycle_rows,
 )
 
 __all__ = [
     "BudgetExplorer", "FigureSwitch", "budget_figure", "budget_view", "cost_table",
     "cycle_cost_figure", "cycle_explorer", "cycle_rows", "cycle_timeline_figure", "fmt", "lines",
-    "pool_occupancy_figure", "seed_comparison", "seed_cycle_rows", "slot_accounting_figure",
+    "pool_occupancy_figure", "reference_comparison", "reference_cycle_rows",
+    "slot_accounting_figure",
     "table", "tile_config",
 ]

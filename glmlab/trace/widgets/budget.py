@@ -1,4 +1,5 @@
-"""Views of the memory budget: the seed comparison, a budget as tables and a figure, the budget
+"""Views of the memory budget: the reference deployment comparison, a budget as tables and a
+figure, the budget
 explorer (controls over context, dtypes, concurrency, TP, slots, prefix and pool size), slot
 accounting with and without prefix sharing, and pool occupancy over an engine trace.
 
@@ -28,7 +29,7 @@ _DT = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.float8_e4m3fn
 VERIFY_WIDTH = 8  # the speculative slots' ReplaySSM ring covers one verify window of 8 tokens
 
 
-def seed_comparison() -> HTML:
+def reference_comparison() -> HTML:
     return table(budget_report.reference_comparison_rows(), [
         ("config", "config"), ("pool", "pool"), ("reference", "published GiB"),
         ("glmlab", "glmlab GiB (derived)"), ("max_running", "max running requests")],
@@ -131,7 +132,7 @@ class BudgetExplorer:
         dtypes = CacheDtypes(latent=_DT[v["kv_dtype"]], pool_keys=torch.float8_e4m3fn,
                              recurrent=_DT[v["state_dtype"]])
         spec = CacheFootprint.of(self.cfg, dtypes, tp=v["tp"])
-        if self.base is not None:  # keep e.g. the seed's draft-KV bytes
+        if self.base is not None:  # keep e.g. the reference deployment's draft-KV bytes
             draft = self.base.footprint.draft_bytes_per_token
             spec = dataclasses.replace(spec, draft_bytes_per_token=draft)
         return BudgetInputs(

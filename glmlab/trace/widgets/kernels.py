@@ -69,6 +69,19 @@ def moe_time_switch(tables: dict[int, list[dict]]) -> FigureSwitch:
     return FigureSwitch(figs, "experts")
 
 
+def tune_speedup_figure(tables: dict[int, list[dict]]) -> go.Figure:
+    """``{E: analysis.tune_table(...)}``: tuned vs default speedup per M, training and held out."""
+    fig = go.Figure()
+    for e, rows in tables.items():
+        for key, dash in (("speedup_train", "dot"), ("speedup_heldout", "solid")):
+            fig.add_scatter(x=[r["M"] for r in rows], y=[r[key] for r in rows], line_dash=dash,
+                            name=f"E={e} {key}", text=[f"{r['up']} / {r['down']}" for r in rows],
+                            hovertemplate="M=%{x}: %{y:.3f}x<br>%{text}")
+    fig.update_layout(xaxis_type="log")
+    return _finish(fig, "Tuned vs default config (up + down GEMM time)", xaxis="M (tokens)",
+                   yaxis="speedup")
+
+
 def moe_bench_table(tables: dict[int, list[dict]], rows: list[dict]) -> HTML:
     """``{E: analysis.bench_table(...)}`` as one table: times and ratios, then roofline shares."""
     flat = [{"E": e, **r} for e, t in tables.items() for r in t]

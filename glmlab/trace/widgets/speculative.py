@@ -1,6 +1,7 @@
 """Views of speculative decoding: cycle timelines (draft / verify / commit / rest per cycle, like
-the seed's Figure 3) with a cycles slider and a measured / seed switch, the ms-per-accepted-token
-cost model beside the seed's, and the cost rows as a table.
+the reference deployment's Figure 3) with a cycles slider and a measured / reference-deployment
+switch, the ms-per-accepted-token
+cost model beside the reference deployment's, and the cost rows as a table.
 
 Rows are ``glmlab.bench.spec`` rows (or ``cycle_rows`` of an engine trace): ``config``,
 ``per_cycle_ms`` [{phase: ms}], ``phase_ms``, ``cycle_ms``, ``accept_len``, ``simulated``.
@@ -13,7 +14,7 @@ import plotly.graph_objects as go
 from IPython.display import HTML
 from plotly.subplots import make_subplots
 
-from glmlab.speculative.costs import SEED
+from glmlab.speculative.costs import REFERENCE
 from glmlab.trace.events import CycleEvent
 from glmlab.trace.widgets.layout import control_layout, finish, show_figure, table
 
@@ -40,10 +41,10 @@ def cycle_rows(cycles: list[CycleEvent], config: str) -> list[dict]:
              "simulated": any(c.simulated for c in cycles)}]
 
 
-def seed_cycle_rows(cycles: int = 4) -> list[dict]:
-    """The seed's Figure 3 means as timeline rows (its commit is inside "rest")."""
+def reference_cycle_rows(cycles: int = 4) -> list[dict]:
+    """The reference deployment's Figure 3 means as timeline rows (its commit is inside "rest")."""
     out = []
-    for name, c in SEED.items():
+    for name, c in REFERENCE.items():
         phases = {"draft": c.draft_ms, "verify": c.verify_ms, "commit": 0.0, "rest": c.rest_ms}
         out.append({"config": name, "per_cycle_ms": [phases] * cycles, "phase_ms": phases,
                     "accept_len": c.accept_len, "cycle_ms": c.cycle_ms})
@@ -73,11 +74,12 @@ def cycle_timeline_figure(rows: list[dict], cycles: int | None = None,
 
 
 def cycle_cost_figure(rows: list[dict]) -> go.Figure:
-    """ms per accepted token split by phase: ours beside the seed's (independent scales)."""
+    """ms per accepted token split by phase: ours beside the reference's (independent scales)."""
     sim = " [simulated acceptance]" if any(r.get("simulated") for r in rows) else ""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("glmlab" + sim, "seed, 4 x H200"),
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("glmlab" + sim,
+                                                          "reference deployment, 4 x H200"),
                         horizontal_spacing=0.14)
-    for col, entries in ((1, rows), (2, seed_cycle_rows(1))):
+    for col, entries in ((1, rows), (2, reference_cycle_rows(1))):
         for p in SPEC_PHASES:
             fig.add_trace(go.Bar(
                 x=[_lane(r) for r in entries],
@@ -97,26 +99,27 @@ def cost_table(rows: list[dict]) -> HTML:
                         ("ms_per_token", "ms per accepted token"), ("accept_len", "accept length"),
                         ("cycle_ms", "cycle ms"), ("draft_ms", "draft ms"),
                         ("verify_ms", "verify ms"), ("rest_ms", "rest ms")],
-                 caption="Cycle cost model, ours beside the seed's",
+                 caption="Cycle cost model, ours beside the reference deployment's",
                  formats={"ms_per_token": "{:.2f}".format, "accept_len": "{:.2f}".format,
                           **{k: "{:.3f}".format for k in ("cycle_ms", "draft_ms", "verify_ms",
                                                           "rest_ms")}})
 
 
 def cycle_explorer(rows: list[dict]) -> W.VBox:
-    """Timeline with a cycles slider and a measured / seed switch."""
+    """Timeline with a cycles slider and a measured / reference-deployment switch."""
     most = max(len(r["per_cycle_ms"]) for r in rows)
-    source = W.ToggleButtons(options=["measured", "seed"], value="measured",
+    source = W.ToggleButtons(options=["measured", "reference deployment"], value="measured",
                              description="cycles from", **control_layout("auto"))
     cycles = W.IntSlider(value=min(4, most), min=1, max=most, description="cycles shown",
                          **control_layout("420px"))
     out = W.Output()
 
     def redraw(*_):
-        seed = source.value == "seed"
+        reference = source.value == "reference deployment"
         show_figure(out, cycle_timeline_figure(
-            seed_cycle_rows(cycles.value) if seed else rows, cycles.value,
-            "Seed Figure 3 (means, 4 x H200)" if seed else "Speculative cycles"))
+            reference_cycle_rows(cycles.value) if reference else rows, cycles.value,
+            "Reference deployment Figure 3 (means, 4 x H200)" if reference
+            else "Speculative cycles"))
 
     source.observe(redraw, "value")
     cycles.observe(redraw, "value")

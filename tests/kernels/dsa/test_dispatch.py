@@ -20,7 +20,7 @@ from glmlab.kernels.dsa.layout import BF16_512, FP8_RAW_512, FP8_SCALED_512, KVF
 A100 = GpuArch(8, 0, 108)
 
 
-def test_seed_iteration_counts():
+def test_reference_iteration_counts():
     assert tile_iterations(2112, 32) == 66
     assert tile_iterations(2112, 128) == 17  # the last tile is half virtual padding
     assert tile_iterations(2051, 128) == 17 and tile_iterations(1, 128) == 1
