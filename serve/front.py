@@ -174,16 +174,19 @@ class Front:
             return json_error(e.status, str(e), e.param)
         body = self._with_model(request, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        try:  # what the router refuses or mangles goes to the workers (direct.py)
-            upstream = await direct.open_direct(self, request, body, headers) or \
-                await self.session.request(request.method,
-                                           self.upstream + request.rel_url.raw_path_qs,
-                                           data=body or None, headers=headers)
+        hop = "the worker"  # what the router refuses or mangles goes to the workers (direct.py)
+        try:
+            upstream = await direct.open_direct(self, request, body, headers)
+            if upstream is None:
+                hop = "the service's router"
+                upstream = await self.session.request(
+                    request.method, self.upstream + request.rel_url.raw_path_qs,
+                    data=body or None, headers=headers)
         except aiohttp.ClientConnectorError as e:  # nothing listens: it is down or restarting
-            return json_error(503, await self._explain("the service's router is not answering "
+            return json_error(503, await self._explain(f"{hop} is not answering "
                                                        f"({type(e).__name__})"))
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:  # it took the request, then broke
-            return json_error(502, await self._explain("the router broke off before answering "
+            return json_error(502, await self._explain(f"{hop} broke off before answering "
                                                        f"({type(e).__name__})"))
         whole = False
         try:
@@ -192,7 +195,7 @@ class Front:
             try:
                 data = await upstream.read()
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                return json_error(502, await self._explain("the router broke off the answer "
+                return json_error(502, await self._explain(f"{hop} broke off the answer "
                                                            f"({type(e).__name__})"))
             whole = True
             return await self._answer(upstream, data)
