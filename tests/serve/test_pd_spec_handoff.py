@@ -2,11 +2,11 @@
 the PD transfer would WRITE (``kvplan.row_copies`` over the cache's and the drafter's regions)
 copied into a decode engine, which then speculates from its first decode step.
 
-The reference is a mixed engine with the same settings: the decode engine's cycles must commit
-exactly as many tokens per cycle as the mixed engine's (the same drafts, so the same drafter
-state), its tokens must equal plain greedy decoding, and both engines' pools must end empty.
-Without the drafter rows the decode engine would decode plainly (no cycles at all), and with
-stale ones its drafts (hence commit lengths) would differ."""
+The reference is a mixed engine with the same settings: the decode engine must propose the same
+drafts at every cycle (so it holds the drafter state the mixed engine has after its prefill) and
+commit as many tokens per cycle, its tokens must equal plain greedy decoding, and both engines'
+pools must end empty. Without the drafter rows the decode engine would decode plainly (no cycles
+at all); with stale ones its drafts would differ."""
 
 from __future__ import annotations
 
@@ -42,6 +42,20 @@ def draft_dir(tiny, tmp_path_factory):
                                   tmp_path_factory.mktemp("draft"), block_size=4))
 
 
+def _record_drafts(engine: Engine) -> list:
+    """Every proposal the engine's drafter makes, as token lists, in order."""
+    drafter, seen = engine.spec.decoder.drafter, []
+    inner = drafter.propose
+
+    def propose(reqs):
+        proposal = inner(reqs)
+        seen.append(proposal.tokens.tolist())
+        return proposal
+
+    drafter.propose = propose
+    return seen
+
+
 def _regions(engine: Engine):
     return checked_regions({**engine.cache.storage.regions(), **engine.spec.handoff.regions()})
 
@@ -50,6 +64,7 @@ def _pd_run(model, spec: SpecConfig, prompt: list[int]) -> tuple[list[int], list
     params = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
     prefill = Engine(model, EngineConfig(**BASE, speculative=spec, radix="kv_and_state"))
     decode = Engine(model, EngineConfig(**BASE, speculative=spec, radix="kv_only"))
+    drafts = _record_drafts(decode)
     rp = prefill.add_request(prompt, params, hold_after_prefill=True)
     first = None
     while first is None:
@@ -72,18 +87,19 @@ def _pd_run(model, spec: SpecConfig, prompt: list[int]) -> tuple[list[int], list
     out += decode.complete_import(rd, first, draft_state=True).new_token_ids[1:]
     while decode.has_work:
         out += [t for o in decode.step() for t in o.new_token_ids]
-    return out, [s.commit_lens for s in decode.spec.stats], prefill, decode
+    return out, ([s.commit_lens for s in decode.spec.stats], drafts), prefill, decode
 
 
 def _mixed_run(model, spec: SpecConfig | None, prompt: list[int]) -> tuple[list[int], list]:
     engine = Engine(model, EngineConfig(**BASE, speculative=spec))
+    drafts = _record_drafts(engine) if spec else []
     params = SamplingParams(max_new_tokens=NEW, temperature=0, ignore_eos=True)
     rid = engine.add_request(prompt, params)
     out = []
     while engine.has_work:
         out += [t for o in engine.step() if o.rid == rid for t in o.new_token_ids]
     engine.assert_idle()
-    return out, [s.commit_lens for s in engine.spec.stats] if spec else []
+    return out, ([s.commit_lens for s in engine.spec.stats] if spec else [], drafts)
 
 
 _PLAIN: dict = {}
@@ -100,10 +116,11 @@ def test_pd_decode_speculates_from_the_first_step_like_mixed(tiny, draft_dir, al
     _, model = tiny
     spec = (SpecConfig("mtp", num_steps=2) if algorithm == "mtp"
             else SpecConfig("dflash2", block_size=4, draft_path=draft_dir))
-    mixed, mixed_cycles = _mixed_run(model, spec, PROMPT)
-    pd, pd_cycles, prefill, decode = _pd_run(model, spec, PROMPT)
+    mixed, (mixed_cycles, mixed_drafts) = _mixed_run(model, spec, PROMPT)
+    pd, (pd_cycles, pd_drafts), prefill, decode = _pd_run(model, spec, PROMPT)
     assert pd == mixed == plain_greedy(model)
-    assert pd_cycles and pd_cycles == mixed_cycles  # same drafts: the state arrived whole
+    assert pd_cycles and pd_cycles == mixed_cycles
+    assert pd_drafts == mixed_drafts  # the same drafts every cycle: the state arrived whole
     assert decode.spec.totals["cycles"] == len(mixed_cycles)
     assert decode.spec.accept_length == pytest.approx(
         sum(map(sum, mixed_cycles)) / sum(map(len, mixed_cycles)))
