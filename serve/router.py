@@ -22,10 +22,12 @@ import urllib.request
 from glmlab.serve.config import InstanceSpec, Mode, Role, ServeConfig
 
 
-def router_argv(cfg: ServeConfig, instances: list[InstanceSpec], port: int,
+def router_argv(cfg: ServeConfig, instances: list[InstanceSpec], port: int | None = None,
                 health_interval_s: float = 2.0) -> list[str]:
+    """``port``: where it listens; the supervisor gives it an internal one behind the front
+    (default ``cfg.port``, a router run on its own)."""
     argv = [sys.executable, "-m", "sglang_router.launch_router",
-            "--host", cfg.host, "--port", str(port),
+            "--host", cfg.host, "--port", str(cfg.port if port is None else port),
             "--prometheus-host", cfg.host, "--prometheus-port", str(cfg.metrics_port),
             "--policy", cfg.router_policy,
             "--request-timeout-secs", str(int(cfg.request_timeout_s)),
