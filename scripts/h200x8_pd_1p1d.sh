@@ -7,16 +7,15 @@
 #   OUT=/dir bash scripts/h200x8_pd_1p1d.sh     (carry .pdpack (nixl devpack), .whl (serving wheels),
 #                                                .devpack (fla, tilelang))
 #
-# NOT RUNNABLE YET, and on purpose exact about why: `glmlab serve` refuses tp/ep sizes > 1 at start
-# (serve/supervisor.py), because a TP instance needs (1) one process per rank with the worker as
-# rank 0 driving glmlab.distributed.engine_tp.LeaderEngine and the others `follow`ing it, and (2) a NIXL
-# agent per rank: prefill rank r writes its own KDA-state shard (and its copy of the replicated
-# latent rows) into decode rank r, and decode rank 0 may complete an import only when every rank's
-# transfer has landed. Full size also needs serve to draw random shards in place (weights ~320 GB:
-# no disk here holds them, see glmlab.distributed.random_shard); until then MODEL is a slice checkpoint
-# (slice:12, ~80 GB FP8, loaded whole by each rank before sharding). serve also does not yet offer
-# backend choice (workers run the torch ops) or speculation on PD decode (draft state is not
-# shipped over NIXL): the flags for those are the ones marked "(not offered yet)" below.
+# Each worker is one process per rank: rank 0 owns the HTTP endpoint and the scheduler, ranks 1-3
+# follow it in lockstep (glmlab.serve.ranks), NCCL between a worker's ranks. Prefill rank r
+# WRITEs its own KV / KDA-state shard (and its copy of the replicated latent rows) into decode rank
+# r; decode's leader admits a request only when every rank's transfer has landed. Decode
+# speculates with DFlash2 block 8 (a random draft, so acceptance is simulated at the reference
+# deployment's 7.03; prefill's drafter learns each prompt and its draft KV crosses with the pages).
+# FP8 weights are kept (TP4 splits them on 128-wide blocks) with the fast backends. Each rank loads
+# the whole slice checkpoint (slice:12, ~80 GB FP8) before sharding; full size needs serve to draw
+# random shards in place (glmlab.distributed.random_shard), not offered yet.
 set -u
 export PYTHONUNBUFFERED=1 GLMLAB_CACHE_DIR=/tmp/glmcache FLA_TILELANG=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -40,21 +39,23 @@ stamp write-checkpoint
   --fp8 --device cuda --out "$MODEL" --max-shard-gb 4 | tail -1
 du -sh "$MODEL"
 
-ENGINE="--prefill-context-len 66560 --decode-context-len 66560 --prefill-page-size 64 \
-  --decode-page-size 64 --prefill-kv-dtype fp8 --decode-kv-dtype fp8 --prefill-index-dtype fp8 \
-  --decode-index-dtype fp8 --prefill-state-dtype bf16 --decode-state-dtype bf16 \
+DRAFT=${DRAFT:-$MODEL-dflash2-b8}
+[ -f "$DRAFT/config.json" ] || python3 -m glmlab.cli init-checkpoint --draft dflash2 \
+  --target "$MODEL" --out "$DRAFT" --block-size 8 | tail -1
+# every role: bf16 compute on FP8 weights kept, fast kernels; then per-role pools and chunking
+ENGINE="--dtype bf16 --fp8-weights keep --backends-kda fla --backends-sparse-mla tilelang \
+  --backends-moe triton --context-len 66560 --page-size 64 --kv-dtype fp8 --index-dtype fp8 \
+  --state-dtype bf16 --mem-fraction 0.92 \
   --prefill-radix kv_and_state --decode-radix kv_only --prefill-chunk-size 32768 \
-  --prefill-max-prefill-tokens 32768 --prefill-max-num-batched-tokens 32768 \
-  --prefill-mem-fraction 0.92 --decode-mem-fraction 0.92"
-# (not offered yet) --prefill-backends-kda fla --prefill-backends-sparse-mla tilelang
-#   --prefill-backends-moe triton, the same for --decode-*, and --decode-speculative-algorithm
-#   dflash2 --decode-speculative-block-size 8 --decode-speculative-simulate-accept-len 7.03
+  --prefill-max-prefill-tokens 32768 --prefill-max-num-batched-tokens 32768"
+SPEC="--decode-speculative-algorithm dflash2 --decode-speculative-block-size 8 \
+  --decode-speculative-draft-path $DRAFT --decode-speculative-simulate-accept-len 7.03"
 
 stamp serve-1p1d
 # shellcheck disable=SC2086
 python3 -m glmlab.cli serve --model "$MODEL" --num-prefill 1 --num-decode 1 \
-  --prefill-devices cuda:0 --prefill-tp-size 4 --prefill-ep-size 1 \
-  --decode-devices cuda:4 --decode-tp-size 4 --decode-ep-size 4 \
+  --prefill-devices cuda:0 --prefill-tp 4 --prefill-ep 1 \
+  --decode-devices cuda:4 --decode-tp 4 --decode-ep 4 $SPEC \
   --transfer-ucx-tls cuda_copy,cuda_ipc,self,sm,tcp --transfer-transfer-timeout-s 300 \
   --startup-timeout-s 500 --request-timeout-s 1800 --log-dir "$OUT/serve_logs" $ENGINE &
 SERVE=$!
@@ -63,6 +64,12 @@ for i in $(seq 1 260); do
   kill -0 $SERVE 2>/dev/null || break; sleep 2
 done
 curl -s http://127.0.0.1:30000/readiness; echo
+for W in 31000 31500; do  # tp/ep, speculation, backends and pools as each leader serves them
+  curl -s -m 60 "http://127.0.0.1:$W/server_info" > "$OUT/server_info-$W.json" || true
+  python3 -c "import json,sys; i=json.load(open(sys.argv[1])); print(i['role'], 'tp', \
+i['tp_size'], 'ep', i['ep_size'], i['engine']['backends'], i['engine']['speculative'], \
+i['leak_check'])" "$OUT/server_info-$W.json" || true
+done
 
 # The reference deployment's three 3P1D workloads, one prefill instance here: 64K/1K, shared prefix 0%, 50%,
 # 93.75% (system prompt 0 / 32,768 / 61,440 tokens + question), concurrency from the SLO search.

@@ -36,6 +36,7 @@ Model and cache code know nothing of this module. Mutate an engine only through 
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,9 @@ def tp_engine(path: str | Path, cfg: EngineConfig, groups: ProcessGroups,
     """This rank's engine of a checkpoint: loaded as ``cfg`` says, sharded, pools agreed."""
     def shard(model: GLM5Model, c: EngineConfig) -> tuple[GLM5Model, EngineConfig]:
         model = apply_tp(model, groups)
+        if model.embed_tokens.weight.is_cuda:  # the whole model's blocks back to the device
+            gc.collect()  # before the budget reads free memory (cached blocks count as used)
+            torch.cuda.empty_cache()
         return model, agreed_config(c, model, groups.tp)
 
     return engine_cls.from_pretrained(path, cfg, prepare=shard, **engine_kwargs)
