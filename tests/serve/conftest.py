@@ -40,12 +40,12 @@ def pd_service(tmp_path, transfer: TransferConfig | None = None,
                    {Role.PREFILL: engine, Role.DECODE: engine}, quiet=True, **service_kw)
 
 
-def mixed_service(tmp_path, engine: dict | None = None) -> Service:
+def mixed_service(tmp_path, engine: dict | None = None, **service_kw) -> Service:
     (port,) = free_ports(1)
     cfg = ServeConfig(mode="mixed", mixed_ports=(port,), launch_router=False,
                       log_dir=str(tmp_path), startup_timeout_s=120)
     return Service(cfg, preset_checkpoint("tiny"), "tiny", {Role.MIXED: engine or ENGINE},
-                   quiet=True)
+                   quiet=True, **service_kw)
 
 
 def http(url: str, body=None, raw: bytes | None = None, timeout: float = 60.0):

@@ -16,7 +16,8 @@ import socket
 import statistics
 import time
 
-from tests.serve.conftest import STREAM_SEND_TIMEOUT_S, http
+from glmlab.serve.limits import HttpLimits
+from tests.serve.conftest import STREAM_SEND_TIMEOUT_S, http, mixed_service
 from tests.serve.faultclient import Ask, gen, run_all, wait_quiet, worker_rows
 
 LONG = 3000  # tokens a left request asked for: a minute of decoding on a CPU
@@ -68,9 +69,9 @@ def timed(url: str, i: int) -> float:
     return time.monotonic() - t
 
 
-def test_a_client_that_stops_reading_is_dropped_and_slows_nobody(pd):
-    baseline = [timed(pd.url, i) for i in range(4)]
-    host, port = pd.url.removeprefix("http://").split(":")
+def stall(url: str) -> socket.socket:
+    """A streaming request whose client reads the status line, then nothing."""
+    host, port = url.removeprefix("http://").split(":")
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # fills at once
     stalled.connect((host, int(port)))
@@ -79,6 +80,25 @@ def test_a_client_that_stops_reading_is_dropped_and_slows_nobody(pd):
     stalled.sendall(b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     assert stalled.recv(64).startswith(b"HTTP/1.1 200")
+    return stalled
+
+
+def drained(stalled: socket.socket) -> bytes:
+    """What the server had buffered, then its close (it dropped the stream)."""
+    stalled.settimeout(10)
+    received = b""
+    try:
+        while chunk := stalled.recv(1 << 20):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    stalled.close()
+    return received
+
+
+def test_a_client_that_stops_reading_is_dropped_and_slows_nobody(pd):
+    baseline = [timed(pd.url, i) for i in range(4)]
+    stalled = stall(pd.url)
     started = time.monotonic()
     during = []
     while time.monotonic() - started < 60:
@@ -91,17 +111,31 @@ def test_a_client_that_stops_reading_is_dropped_and_slows_nobody(pd):
     assert dropped_after < 30, "the stalled stream was never dropped"
     # the others ran as usual meanwhile (its decoding shares the batch, its socket nothing)
     assert statistics.median(during) < 3 * statistics.median(baseline) + 0.5, (baseline, during)
-    stalled.settimeout(10)
-    received = b""
-    try:
-        while chunk := stalled.recv(1 << 20):  # what was buffered, then the server's close
-            received += chunk
-    except ConnectionResetError:
-        pass
-    stalled.close()
-    assert b"data: [DONE]" not in received  # dropped, not finished
+    assert b"data: [DONE]" not in drained(stalled)  # dropped, not finished
     print(f"\nstalled reader dropped {dropped_after:.1f} s after it stopped reading "
           f"(send timeout {STREAM_SEND_TIMEOUT_S} s); others: baseline "
           f"{statistics.median(baseline):.2f} s, during {statistics.median(during):.2f} s")
     wait_quiet(pd.url, QUIET_S)
 
+
+
+def test_a_worker_drops_a_client_that_stops_reading(tmp_path):
+    """The same at a worker's own port (no front): its stream send times out."""
+    limits = HttpLimits(stream_send_timeout_s=1.0)
+    with mixed_service(tmp_path, limits=limits) as svc:
+        url = svc.children[0].url
+        stalled = stall(url)
+        started = time.monotonic()
+        while time.monotonic() - started < 30:
+            state = http(url + "/server_info")[1]["internal_states"][0]
+            if state["num_running_reqs"] == 0 and state["num_pending_requests"] == 0:
+                break
+            assert timed(url, 0) < 5  # served meanwhile
+            time.sleep(0.2)
+        dropped_after = time.monotonic() - started
+        # 3000 tokens take this worker well over 20 s: it was dropped, not finished
+        assert dropped_after < 20, "the stalled stream was never dropped"
+        assert b"data: [DONE]" not in drained(stalled)
+        print(f"\nworker dropped its stalled reader {dropped_after:.1f} s after it stopped "
+              f"reading (send timeout {limits.stream_send_timeout_s} s)")
+        assert http(url + "/server_info")[1]["leak_check"] == "ok"
