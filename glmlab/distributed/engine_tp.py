@@ -45,7 +45,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from glmlab.core import RequestOutput
+from glmlab.core import InvalidRequest, RequestOutput
 from glmlab.distributed.parallel import ProcessGroups
 from glmlab.distributed.tp import apply_tp
 from glmlab.engine.config import EngineConfig
@@ -197,6 +197,9 @@ class LeaderEngine:
         return result
 
     def add_request(self, *args, **kwargs) -> str:
+        if kwargs.get("grammar") is not None:  # refused before it is logged: nothing to replay
+            raise InvalidRequest("params", "structured output is not served by a TP worker yet "
+                                 "(a grammar matcher cannot be replayed on the follower ranks)")
         return self._call("add_request", *args, **kwargs)
 
     def abort(self, rid: str) -> RequestOutput | None:
