@@ -96,13 +96,24 @@ def moe_bench_table(tables: dict[int, list[dict]], rows: list[dict]) -> HTML:
 # ---------------------------------------------------------------- DSA (notebook 04)
 def sparse_mla_table(results: list[dict]) -> HTML:
     mla = [r for r in results if r.get("op") == "sparse_mla"]
+    # NOTE: the error column only when a variant failed: an all-blank column costs the width
+    errors = [("error", "error")] if any(r.get("error") for r in mla) else []
     return table(mla, [
-        ("workload", "workload"), ("rows", "rows"), ("heads", "heads"), ("layout", "layout"),
+        ("rows", "rows"), ("heads", "heads"), ("layout", "layout"),
         ("variant", "variant"), ("config", "configuration"), ("kernel_us", "kernel µs"),
         ("tflops", "TFLOP/s"), ("gather_tbps", "gathered TB/s"),
-        ("rel_err_vs_ref", "rel. error vs ref"), ("rule_pick", "rule's pick"),
-        ("error", "error")],
+        ("rel_err_vs_ref", "rel. error vs ref"), ("rule_pick", "rule's pick"), *errors],
         caption=f"Sparse MLA Partial + Combine by variant ({machine(mla)})")
+
+
+def variant_speedup_table(rows: list[dict]) -> HTML:
+    """``ops_dsa_views.variant_speedups`` rows: the rule's kernel against v1 and SGLang."""
+    return table(rows, [
+        ("rows", "rows"), ("heads", "heads"), ("layout", "layout"),
+        ("rule_config", "rule's kernel"), ("rule_us", "rule µs"), ("rule_over_v1", "× v1"),
+        ("rule_over_sglang", "× SGLang"), ("fastest", "fastest"),
+        ("rule_now_same", "rule unchanged")],
+        caption="Speed-up of the rule's pick (time of the other kernel / time of the rule's)")
 
 
 def indexer_table(results: list[dict]) -> HTML:

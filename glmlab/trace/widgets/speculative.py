@@ -108,14 +108,14 @@ def cost_table(rows: list[dict]) -> HTML:
 def cycle_explorer(rows: list[dict]) -> W.VBox:
     """Timeline with a cycles slider and a measured / reference-deployment switch."""
     most = max(len(r["per_cycle_ms"]) for r in rows)
-    source = W.ToggleButtons(options=["measured", "reference deployment"], value="measured",
+    source = W.ToggleButtons(options=["measured", "published"], value="measured",
                              description="cycles from", **control_layout("auto"))
     cycles = W.IntSlider(value=min(4, most), min=1, max=most, description="cycles shown",
                          **control_layout("420px"))
     out = W.Output()
 
     def redraw(*_):
-        reference = source.value == "reference deployment"
+        reference = source.value == "published"
         show_figure(out, cycle_timeline_figure(
             reference_cycle_rows(cycles.value) if reference else rows, cycles.value,
             "Reference deployment Figure 3 (means, 4 x H200)" if reference
