@@ -38,7 +38,6 @@ import torch
 # The notebook (04_dsa_kernels) reads its views through this module.
 from glmlab.bench.ops_dsa_views import (  # noqa: E402, F401
     RESULTS,
-    figures,
     load_results,
     markdown_table,
     record_tiny_selection,

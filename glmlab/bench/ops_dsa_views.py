@@ -99,23 +99,6 @@ def variant_speedups(results: list[dict]) -> list[dict]:
     return out
 
 
-def figures(results: list[dict]):
-    """Plotly figures: kernel time by case and variant, and TFLOP/s against the ceiling."""
-    import plotly.graph_objects as go
-
-    mla = [r for r in results if r.get("op") == "sparse_mla" and r.get("kernel_us")]
-    time_fig, rate_fig = go.Figure(), go.Figure()
-    for v in sorted({r["variant"] for r in mla}):
-        sel = [r for r in mla if r["variant"] == v]
-        labels = [f"M{r['rows']} H{r['heads']} {r['layout']}" for r in sel]
-        time_fig.add_bar(name=v, x=labels, y=[r["kernel_us"] for r in sel])
-        rate_fig.add_bar(name=v, x=labels, y=[r["tflops"] for r in sel])
-    if mla:
-        rate_fig.add_hline(y=mla[0]["ceiling_bf16_tflops"], annotation_text="bf16 matmul, same run")
-    time_fig.update_layout(title="sparse MLA kernel time (us)", barmode="group")
-    rate_fig.update_layout(title="sparse MLA TFLOP/s", barmode="group")
-    return time_fig, rate_fig
-
 
 def selection_figure(selected: torch.Tensor, kpool: int = 4):
     """Heatmap query x pool: 1 = selected by top-k, 0.5 = the query's own tail, 0 = not read."""
