@@ -256,7 +256,9 @@ def _tune_m(problem, m, routes: RouteSource, options, configs, timer, bar):
                routes=options.routes, heldout_routes=options.heldout_routes,
                configs_timed=len(configs), kept_default=False)
     if validation_guard(row):
-        row["kept_default"] = True
+        # the row names what the table holds; the training winner stays visible beside it
+        row.update(kept_default=True, trained_up=row["up"], trained_down=row["down"],
+                   up=DEFAULT_CONFIG.short(), down=DEFAULT_CONFIG.short())
         return row, DEFAULT_CONFIG, DEFAULT_CONFIG
     return row, win_up, win_down
 
