@@ -2,7 +2,7 @@
 # Packs the Python packages the H200 machine does not have (it reaches no package registry) into
 # small archives that travel with the working tree (the tree may carry 64 MiB in all).
 #
-#   bash scripts/devpack.sh [fla] [tilelang] [nixl] [deepgemm]      (no argument: fla tilelang)
+#   bash scripts/devpack.sh [fla] [tilelang] [nixl] [deepgemm] [serve]   (no argument: fla tilelang)
 #
 # Writes .devpack/<pack>.tar.xz in the repository (git-ignored through .git/info/exclude) and keeps
 # built archives in ~/.cache/glmlab-devpack. Wheels are cp312 manylinux builds (the H200 machine has
@@ -30,7 +30,11 @@ wheels_of() {
     tilelang) echo "tilelang==0.1.15 apache-tvm-ffi==0.1.12 torch-c-dlpack-ext==0.1.5 z3-solver==4.15.4.0" ;;
     nixl) echo "nixl-cu13==1.5.1" ;;
     deepgemm) echo "sgl-deep-gemm==0.2.3.post2" ;;
-    *) echo "unknown pack: $1 (fla, tilelang, nixl, deepgemm)" >&2; return 2 ;;
+    # what glmlab serve needs beyond the H200 image (which has httpx, aiohttp, prometheus-client,
+    # anyio, h11, click): the web framework and its validation library, pinned as the serve extra
+    serve) echo "fastapi==0.165.0 starlette uvicorn==0.54.0 pydantic pydantic-core annotated-types
+                 typing-inspection" ;;
+    *) echo "unknown pack: $1 (fla, tilelang, nixl, deepgemm, serve)" >&2; return 2 ;;
   esac
 }
 

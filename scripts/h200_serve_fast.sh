@@ -41,10 +41,12 @@ ENGINE=$(echo $ENGINE)  # one line, for the logs
 GLMLAB="$PY -m glmlab.cli"
 
 stamp install
-if [ "$REHEARSE" != 1 ]; then
+if [ "$REHEARSE" != 1 ] && [ -z "${GLMLAB_INSTALLED:-}" ]; then  # a caller may have installed
   SITE=$(mktemp -d); for p in .devpack/*.tar.xz; do tar -xJf "$p" -C "$SITE"; done
   export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH
   python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
+fi
+if [ "$REHEARSE" != 1 ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
 fi
 $PY - <<'PY'
@@ -85,29 +87,32 @@ du -sh "$CKPT"
 prompt_ids() { $PY -c "import sys; n=int(sys.argv[1]); print(','.join(str((i*37+n*11) % 251) for i in range(n)))" "$1"; }
 
 stamp generate-reference "flags: $ENGINE"
-for n in $LENS; do
-  f="$WORK/generate_$n.json"
-  [ -s "$f" ] && continue
+reference() {  # $1: prompt length; one `glmlab generate` process (they run side by side)
+  local n=$1 f="$WORK/generate_$1.json"
+  [ -s "$f" ] && return
   timeout 200 $GLMLAB generate --model "$CKPT" --device "$DEV" $ENGINE --prompt-ids "$(prompt_ids $n)" \
-    --max-new-tokens $N_NEW --ignore-eos --json > "$f.raw" || continue
+    --max-new-tokens $N_NEW --ignore-eos --json > "$f.raw" || return
   # NOTE: TileLang logs its JIT progress on stdout: keep the one JSON line generate prints
   grep '^{' "$f.raw" | tail -n 1 > "$f" && rm -f "$f.raw"
   cat "$f"
-done
+}
+for n in $LENS; do reference $n & done
+wait
 
 # $1: pd or mixed. Starts `glmlab serve` without the router, waits for every worker, runs check.py
 serve_and_check() {
   local mode=$1 logs="$WORK/serve_$1_logs"
   [ -s "$WORK/check_$mode.json" ] && { echo "check_$mode.json exists"; return; }
+  local URLS  # the two modes run side by side: ports of their own
   if [ "$mode" = mixed ]; then
     $GLMLAB serve --model "$CKPT" --mode mixed --no-launch-router --mixed-ports 31000 \
       --prefill-devices "$DEV" $ENGINE --log-dir "$logs" --startup-timeout-s $START_S &
     URLS="http://127.0.0.1:31000"
   else
-    $GLMLAB serve --model "$CKPT" --mode pd --no-launch-router --prefill-ports 31000 \
+    $GLMLAB serve --model "$CKPT" --mode pd --no-launch-router --prefill-ports 31100 \
       --bootstrap-ports 8998 --decode-ports 31500 --prefill-devices "$DEV" --decode-devices "$DEV" \
       --transfer-ucx-tls "$UCX" $ENGINE --log-dir "$logs" --startup-timeout-s $START_S &
-    URLS="http://127.0.0.1:31000 http://127.0.0.1:31500"
+    URLS="http://127.0.0.1:31100 http://127.0.0.1:31500"
   fi
   local pid=$!
   for u in $URLS; do
@@ -178,10 +183,10 @@ PY
   tail -n 5 "$logs"/*.log 2>/dev/null
 }
 
-stamp serve-mixed
-serve_and_check mixed
-stamp serve-pd
+stamp serve-mixed-and-pd
+serve_and_check mixed &
 if $PY -c "import nixl_cu13" 2>/dev/null; then serve_and_check pd; else echo "no nixl: PD skipped"; fi
+wait
 
 stamp summary
 $PY - "$WORK" <<'PY'

@@ -41,9 +41,11 @@ if [ "${REHEARSE:-0}" = 1 ]; then
   ACC="--prompts 2 --prompt-len 32 --new-tokens 8 --mtp-steps 1,3 --blocks 4,8"
 else
   stamp install
-  SITE=$(mktemp -d); for p in .devpack/*.tar.xz; do tar -xJf "$p" -C "$SITE"; done
-  export PYTHONPATH=$SITE
-  python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  if [ -z "${GLMLAB_INSTALLED:-}" ]; then  # a calling script may have installed already
+    SITE=$(mktemp -d); for p in .devpack/*.tar.xz; do tar -xJf "$p" -C "$SITE"; done
+    export PYTHONPATH=$SITE
+    python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+  fi
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   python3 -c "import torch, fla; print(torch.__version__, fla.__version__)"
   PY=python3; DEV=cuda; PRESET=small; TAG=small-h200
