@@ -96,8 +96,9 @@ reference() {  # $1: prompt length; one `glmlab generate` process (they run side
   grep '^{' "$f.raw" | tail -n 1 > "$f" && rm -f "$f.raw"
   cat "$f"
 }
-for n in $LENS; do reference $n & done
-wait
+# NOTE: a bare `wait` would also wait for the log's tee (a process substitution): name the jobs
+pids=(); for n in $LENS; do reference $n & pids+=($!); done
+wait "${pids[@]}"
 
 # $1: pd or mixed. Starts `glmlab serve` without the router, waits for every worker, runs check.py
 serve_and_check() {
@@ -184,9 +185,9 @@ PY
 }
 
 stamp serve-mixed-and-pd
-serve_and_check mixed &
+serve_and_check mixed & mixed_pid=$!
 if $PY -c "import nixl_cu13" 2>/dev/null; then serve_and_check pd; else echo "no nixl: PD skipped"; fi
-wait
+wait $mixed_pid
 
 stamp summary
 $PY - "$WORK" <<'PY'
