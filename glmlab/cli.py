@@ -24,10 +24,15 @@ COMMANDS = {
 MISSING: dict[str, Exception] = {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or with ``only`` just that command's: running one command imports
+    only its own module (a broken or heavy package behind another command cannot stop it)."""
     parser = argparse.ArgumentParser(prog="glmlab", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name)
+            continue
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
@@ -47,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     if argv and argv[0] in MISSING:  # before parsing: its flags are unknown without its module
         print(f"glmlab {argv[0]}: error: {MISSING[argv[0]]}", file=sys.stderr)
         return 2

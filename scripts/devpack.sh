@@ -33,6 +33,7 @@ wheels_of() {
     # what glmlab serve needs beyond the H200 image (which has httpx, aiohttp, prometheus-client,
     # anyio, h11, click): the web framework and its validation library, pinned as the serve extra
     serve) echo "fastapi==0.165.0 starlette uvicorn==0.54.0 pydantic pydantic-core annotated-types
+                 annotated-doc opentelemetry-api typing-extensions
                  typing-inspection" ;;
     *) echo "unknown pack: $1 (fla, tilelang, nixl, deepgemm, serve)" >&2; return 2 ;;
   esac

@@ -42,8 +42,8 @@ def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
 def _random_value(name: str, shape: torch.Size, gen: torch.Generator, device) -> torch.Tensor:
     """A plausible random value for one parameter, chosen by its role (name)."""
 
-    def normal(std, mean=0.0):
-        return torch.randn(shape, generator=gen, device=device) * std + mean
+    def normal(std, mean=0.0):  # in place: one layer's expert stack is 18 GiB in fp32
+        return torch.randn(shape, generator=gen, device=device).mul_(std).add_(mean)
 
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "A_log":

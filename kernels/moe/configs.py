@@ -17,7 +17,7 @@ tuned M, or the fixed default below when there is no table. Nothing here launche
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -52,6 +52,20 @@ class KernelConfig:
     def smem_bytes(self, elem_bytes: int) -> int:
         """Shared memory of the pipelined A and B tiles (the kernel's dominant use)."""
         return self.num_stages * (self.block_m + self.block_n) * self.block_k * elem_bytes
+
+
+# Shared memory one CTA may take on sm_90 (227 KiB), less room for the epilogue's staging.
+SMEM_LIMIT = (227 - 16) * 1024
+
+
+def fit_stages(cfg: KernelConfig, elem_bytes: int, limit: int = SMEM_LIMIT) -> KernelConfig:
+    """``cfg`` with as many of its pipeline stages as fit ``limit`` for operands of
+    ``elem_bytes``: tables are tuned for E4M3 (1 byte), and the same tiles over bf16 or fp32
+    weights (the tiny model's tests) need fewer stages, or the launch fails for shared memory."""
+    stages = cfg.num_stages
+    while stages > 1 and replace(cfg, num_stages=stages).smem_bytes(elem_bytes) > limit:
+        stages -= 1
+    return cfg if stages == cfg.num_stages else replace(cfg, num_stages=stages)
 
 
 # The untuned fallback, as SGLang's fused MoE uses for block-FP8 without a config file.

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from glmlab.kernels.fp8 import interpret_casts
-from glmlab.kernels.moe.configs import KernelConfig
+from glmlab.kernels.moe.configs import KernelConfig, fit_stages
 from glmlab.kernels.moe.routing_triton import AlignedPairs
 
 
@@ -112,6 +112,7 @@ def _launch(a, a_scale, w, w_scale, c, route_w, align: AlignedPairs, cfg: Kernel
         raise ValueError(f"pairs aligned to {align.block_m} rows, config has BLOCK_SIZE_M "
                          f"{cfg.block_m}")
     _check(cfg, w, w_scale, group)
+    cfg = fit_stages(cfg, max(a.element_size(), w.element_size()))
     if not a.is_cuda:
         interpret_casts.install()
     n, k = w.shape[1], w.shape[2]

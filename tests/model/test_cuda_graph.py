@@ -122,8 +122,11 @@ def test_engine_tokens_with_and_without_graphs(tiny_dir):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     out = {}
     for off in (True, False):
+        # NOTE: a fixed cache: the default budget takes most of the GPU, which a test sharing
+        # the process (or the GPU) then cannot have
         llm = LLM(tiny_dir, device="cuda", dtype="fp32", backends=Backends.fast(),
-                  cuda_graph_max_bs=4, disable_cuda_graph=off, print_budget=False)
+                  cuda_graph_max_bs=4, disable_cuda_graph=off, print_budget=False,
+                  cache_bytes=256 << 20)
         out[off] = [c.output_ids for c in llm.generate(prompts, params, use_tqdm=False)]
         if not off:
             graphs = llm.engine.runner.graphs

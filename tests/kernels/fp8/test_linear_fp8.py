@@ -30,7 +30,14 @@ def _problem(m, n, k, seed=0, dtype=torch.float32):
     return x.to(DEV), w.to(DEV), s.to(DEV)
 
 
-def _close(got, want, tol=2e-5):
+# The interpreter's E4M3 dot is an exact fp32 product of the same operands: only summation order
+# differs. Hopper's FP8 tensor cores accumulate each 128-deep K step with fewer mantissa bits
+# than fp32 (why DeepGEMM promotes partial sums to fp32 every K block, as this kernel does): the
+# H200 measured 1.3e-4..2.1e-4 here, so the GPU bound is DeepGEMM's own FP8 GEMM bound.
+TOL = 1e-3 if DEV == "cuda" else 2e-5
+
+
+def _close(got, want, tol=TOL):
     err = (got.float() - want.float()).abs().max() / want.float().abs().max()
     assert err < tol, f"max rel err {err:.2e}"
 

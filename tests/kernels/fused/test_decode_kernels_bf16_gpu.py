@@ -57,9 +57,12 @@ def test_mhc_and_norm_bf16():
                                                  pending=(y, post, comb))
     want = mhc_expand_ref(x, y, post, comb)
     assert _rel(xo, want) < 1e-2
+    # The kernel takes its coefficients from the fp32 expansion it just computed, the reference
+    # from the bf16-rounded one (``want``): 2.7e-4 apart on the H200, so 1e-3 (a wrong Sinkhorn
+    # iteration count or a missed normalisation moves them by > 1e-2).
     for got, ref in zip((pre, post2, comb2),
                         mhc_coefficients_ref(want, fn, base, scale, 20, 1e-6, 1e-5), strict=True):
-        assert _rel(got, ref) < 1e-4
+        assert _rel(got, ref) < 1e-3
     w = (torch.randn(d, device="cuda") * 0.1 + 1).to(BF)
     assert _rel(mhc_collapse_norm(xo, pre, w, 1e-5), mhc_collapse_norm_ref(xo, pre, w, 1e-5)) < 2e-2
     r = torch.randn(t, d, device="cuda", dtype=BF)

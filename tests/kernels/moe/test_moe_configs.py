@@ -9,10 +9,12 @@ import pytest
 from glmlab.kernels.moe.configs import (
     CONFIG_DIR,
     DEFAULT_CONFIG,
+    SMEM_LIMIT,
     ConfigTable,
     KernelConfig,
     MoEShape,
     choose_config,
+    fit_stages,
     merge_tables,
     read_table,
     save_table,
@@ -83,3 +85,14 @@ def test_merge_tables_updates_only_the_new_m():
     assert merged.up == {1: KernelConfig(16), 1024: KernelConfig(128, 256)}
     assert merged.meta["space"] == "reduced" and merged.meta["updated"]["space"] == "wide"
     assert merge_tables(None, new) is new
+
+
+def test_fit_stages_keeps_fp8_tiles_and_trims_wide_operands():
+    # The H200 rejected the default tiles over the tiny model's fp32 weights: 3 stages of
+    # (64 + 128) x 128 x 4 B = 288 KiB > 227 KiB of shared memory per CTA.
+    assert fit_stages(DEFAULT_CONFIG, 1) is DEFAULT_CONFIG
+    assert fit_stages(DEFAULT_CONFIG, 2) is DEFAULT_CONFIG  # 144 KiB fits
+    fp32 = fit_stages(DEFAULT_CONFIG, 4)
+    assert fp32.num_stages == 2 and fp32.smem_bytes(4) <= SMEM_LIMIT
+    huge = KernelConfig(block_m=256, block_n=256, block_k=128, num_stages=5)
+    assert fit_stages(huge, 4).num_stages == 1  # never below one stage
