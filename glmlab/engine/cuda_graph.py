@@ -115,7 +115,7 @@ class CudaGraphRunner:
         t = bs * width
         forward = ForwardPlan(
             seq_lens=(width,) * bs, cache_lens=(0,) * bs, state_slots=b.state_slots[:bs],
-            page_size=self.page_size, context_slots=(), write_slots=b.write_slots[:t],
+            page_size=self.page_size, write_slots=b.write_slots[:t],
             cu_seqlens=b.cu_seqlens[:bs + 1], verify=verify, page_table=b.page_table[:bs],
             positions=b.positions[:t])
         return StepPlan(b.ids[:t], forward, None, tuple(capture_layers))

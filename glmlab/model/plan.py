@@ -23,6 +23,7 @@ state untouched, so the state can later be committed to whatever prefix of the w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -50,7 +51,6 @@ class ForwardPlan:
     cache_lens: tuple[int, ...]
     state_slots: torch.Tensor  # [N] int64
     page_size: int
-    context_slots: tuple[torch.Tensor, ...]  # per sequence: [cache_len + seq_len] token slots
     write_slots: torch.Tensor  # [T] slots of the new tokens, in batch order
     cu_seqlens: torch.Tensor  # [N+1] int64
     verify: VerifyRecorder | None = None  # set only for speculative verify steps
@@ -63,30 +63,51 @@ class ForwardPlan:
     def build(cls, seq_lens: list[int], cache_lens: list[int], state_slots: list[int],
               page_table: torch.Tensor, page_size: int,
               verify: VerifyRecorder | None = None) -> ForwardPlan:
-        """page_table: [N, max_pages] page ids (only the first ceil(len / page_size) are read)."""
-        if not (len(seq_lens) == len(cache_lens) == len(state_slots) == page_table.shape[0]):
+        """page_table: [N, max_pages] page ids (only the first ceil(len / page_size) are read).
+
+        A fixed number of launches whatever N: the host lengths go to the device in one copy
+        and every token's slot comes from one gather of the page table."""
+        n = len(seq_lens)
+        if not (n == len(cache_lens) == len(state_slots) == page_table.shape[0]):
             raise ValueError("seq_lens, cache_lens, state_slots and page_table disagree on N")
-        device = page_table.device
-        ctx, new = [], []
-        for i, (n, c) in enumerate(zip(seq_lens, cache_lens, strict=True)):
-            pos = torch.arange(c + n, device=device)
-            slots = page_table[i, pos // page_size].long() * page_size + pos % page_size
-            ctx.append(slots)
-            new.append(slots[c:])
-        cu = torch.tensor([0, *seq_lens], device=device).cumsum(0)
+        lens, cached = torch.tensor(seq_lens, dtype=torch.long), torch.tensor(cache_lens,
+                                                                             dtype=torch.long)
+        cu = torch.zeros(n + 1, dtype=torch.long)
+        torch.cumsum(lens, 0, out=cu[1:])
+        seq_of = torch.repeat_interleave(torch.arange(n), lens)  # [T]
+        positions = torch.arange(int(cu[-1])) - cu[:-1][seq_of] + cached[seq_of]  # [T]
+        host = torch.cat([positions, seq_of, torch.tensor(state_slots, dtype=torch.long), cu])
+        dev = host.to(page_table.device)  # one copy of every length the step needs
+        t = positions.numel()
+        positions, seq_of = dev[:t], dev[t:2 * t]
+        table = page_table.long()
         return cls(
             seq_lens=tuple(seq_lens),
             cache_lens=tuple(cache_lens),
-            state_slots=torch.tensor(state_slots, dtype=torch.long, device=device),
+            state_slots=dev[2 * t:2 * t + n],
             page_size=page_size,
-            context_slots=tuple(ctx),
-            write_slots=torch.cat(new) if new else torch.zeros(0, dtype=torch.long, device=device),
-            cu_seqlens=cu,
+            write_slots=_slots(table, seq_of, positions, page_size),
+            cu_seqlens=dev[2 * t + n:],
             verify=verify,
-            page_table=page_table.long(),
-            positions=torch.tensor([c + j for n, c in zip(seq_lens, cache_lens, strict=True)
-                                    for j in range(n)], dtype=torch.long, device=device),
+            page_table=table,
+            positions=positions,
         )
+
+    @cached_property
+    def context_slots(self) -> tuple[torch.Tensor, ...]:
+        """Per sequence, the token slots of its whole context (cached + new): [cache_len +
+        seq_len] each. Built on first use, for the paths that gather by context position (the
+        torch references); the fused paths address the cache through ``page_table``."""
+        if self.page_table is None:
+            raise ValueError("this plan has no page table to derive context slots from")
+        sizes = [c + n for n, c in zip(self.seq_lens, self.cache_lens, strict=True)]
+        lens = torch.tensor(sizes, dtype=torch.long)
+        starts = torch.cumsum(lens, 0) - lens
+        seq_of = torch.repeat_interleave(torch.arange(len(sizes)), lens)
+        pos = torch.arange(int(lens.sum())) - starts[seq_of]
+        dev = torch.cat([pos, seq_of]).to(self.page_table.device)
+        flat = _slots(self.page_table, dev[pos.numel():], dev[:pos.numel()], self.page_size)
+        return tuple(flat.split(sizes))
 
     @property
     def num_seqs(self) -> int:
@@ -136,3 +157,9 @@ class StepResult:
     hidden: torch.Tensor  # [T, D] final normalised hidden states of every row
     features: torch.Tensor  # [T, F] captured layer outputs, concatenated (F = 0 without capture)
     logits: torch.Tensor  # [R, V] fp32 logits of ``logit_rows``
+
+
+def _slots(page_table: torch.Tensor, seq_of: torch.Tensor, positions: torch.Tensor,
+           page_size: int) -> torch.Tensor:
+    """Token slot of (sequence, position) pairs: page id * page size + offset in the page."""
+    return page_table[seq_of, positions // page_size] * page_size + positions % page_size
