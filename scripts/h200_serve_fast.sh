@@ -18,6 +18,11 @@
 # when started again; whatever is in $WORK is copied to $OUT when the script exits.
 set -u
 export PYTHONUNBUFFERED=1 GLMLAB_CACHE_DIR=/tmp/glmcache FLA_TILELANG=0
+# NOTE: fla's Triton kernels pick their tile configs by timing them, so two processes can run
+# different configs (other fp32 summation orders), and on random real-width weights a logit
+# near-tie then flips a greedy token some steps in (seen on the H200 at 300 prompt tokens). With
+# the autotuner's choices cached on disk, the first process's choice is every later one's.
+export TRITON_CACHE_AUTOTUNING=1
 OUT=${OUT:?set OUT}; mkdir -p "$OUT"
 WORK=${WORK:-/tmp/glmlab-serve-fast$([ "${REHEARSE:-0}" = 1 ] && echo -rehearsal)}; mkdir -p "$WORK"
 save() { cp -r "$WORK/." "$OUT/" 2>/dev/null || true; }
@@ -33,8 +38,12 @@ if [ "$REHEARSE" = 1 ]; then
   UCX="tcp,self"; N_NEW=8; LENS="37 90 200"; START_S=240
 else
   PY=python3; DEV=cuda:0; CKPT=/tmp/slice4
+  # every op on its GPU kernel (Backends.fast()): CUDA graphs of decode steps in both processes
   ENGINE="--dtype bf16 --fp8-weights keep --backends-kda fla --backends-sparse-mla tilelang
-          --backends-moe triton --context-len 4096 --cache-bytes 8000000000"
+          --backends-moe triton --backends-linear-fp8 triton --backends-norm triton
+          --backends-mhc triton --backends-router triton --backends-kda-step triton
+          --backends-dsa-index triton --cuda-graph-max-bs 8 --context-len 4096
+          --cache-bytes 8000000000"
   UCX="cuda_copy,cuda_ipc,self,sm,tcp"; N_NEW=16; LENS=${LENS:-"37 300 1200"}; START_S=280
 fi
 ENGINE=$(echo $ENGINE)  # one line, for the logs
@@ -96,8 +105,16 @@ reference() {  # $1: prompt length; one `glmlab generate` process (they run side
   grep '^{' "$f.raw" | tail -n 1 > "$f" && rm -f "$f.raw"
   cat "$f"
 }
+# The first length alone (it fills the autotune cache the others then read), the rest side by
+# side, with a second process on the last length: equal tokens there say the run is
+# reproducible across processes, the premise of comparing the service with generate at all.
 # NOTE: a bare `wait` would also wait for the log's tee (a process substitution): name the jobs
-pids=(); for n in $LENS; do reference $n & pids+=($!); done
+set -- $LENS; reference $1; shift
+pids=(); for n in "$@"; do reference $n & pids+=($!); done
+last=${@: -1}; (reference_again() { local f="$WORK/generate_${last}_again.json"; [ -s "$f" ] && return
+  timeout 200 $GLMLAB generate --model "$CKPT" --device "$DEV" $ENGINE --prompt-ids \
+    "$(prompt_ids $last)" --max-new-tokens $N_NEW --ignore-eos --json 2>/dev/null | grep '^{' |
+    tail -n 1 > "$f"; }; [ -n "$last" ] && reference_again) & pids+=($!)
 wait "${pids[@]}"
 
 # $1: pd or mixed. Starts `glmlab serve` without the router, waits for every worker, runs check.py
@@ -196,6 +213,11 @@ out = pathlib.Path(sys.argv[1])
 rows = {p.stem: json.loads(p.read_text()) for p in sorted(out.glob("check_*.json"))}
 summary = {k: {"identical": v["identical"], "server_info": v["server_info_ok"]}
            for k, v in rows.items()}
+for again in sorted(out.glob("generate_*_again.json")):  # two generate processes, one prompt
+    first = out / again.name.replace("_again", "")
+    if first.is_file() and again.stat().st_size:
+        summary[f"generate_twice_{again.name.split('_')[1]}"] = (
+            json.loads(first.read_text())["output_ids"] == json.loads(again.read_text())["output_ids"])
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 print(json.dumps(summary))
 PY

@@ -30,7 +30,8 @@ from glmlab.kernels.moe.samples import (
 from glmlab.kernels.moe.timing import timer_for
 from glmlab.kernels.moe.tuner import SPACES, Problem, TuneOptions, tune
 
-HELP = "tune kernel tile configs (moe: block-FP8 grouped GEMMs on real routing samples)"
+HELP = ("tune kernel tile configs (moe: block-FP8 grouped GEMMs on real routing samples; "
+        "linear-fp8: the block-FP8 dense GEMM at a model's shapes)")
 GLM_TOKENS = (1, 16, 64, 128, 256, 768, 1024, 4096, 8192)
 
 
@@ -59,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     moe.add_argument("--report", default="data/bench/moe_tune.jsonl")
     moe.add_argument("--no-progress", action="store_true")
     add_dataclass_args(moe, TuneOptions, defaults={"tokens": GLM_TOKENS})
+    from glmlab.commands import tune_linear_fp8
+
+    tune_linear_fp8.add_parser(sub)
 
 
 def _build_model(spec: str, device: str):
@@ -96,6 +100,8 @@ def capture(args) -> RoutingSamples:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "_tune", None) is not None:  # another target than moe
+        return args._tune(args)
     from glmlab.bench.ops import write_rows
 
     samples = _read_samples(args.samples) if args.samples else capture(args)

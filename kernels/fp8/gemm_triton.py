@@ -24,12 +24,14 @@ launches must not run concurrently on different streams (``kernels/fused/tickets
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from glmlab.kernels.fp8 import interpret_casts
-from glmlab.kernels.fp8.gemm_configs import GROUP, GemmConfig, choose_config
+from glmlab.kernels.fp8.gemm_configs import GROUP, GemmConfig, cached_table, choose_config
 from glmlab.kernels.fp8.quant_triton import INV_FP8_MAX, group_scale, quant_act_fp8_triton
 from glmlab.kernels.fp8.ref import FP8, FP8_MAX
 from glmlab.kernels.fused.tickets import ticket_counters
@@ -105,6 +107,16 @@ def _linear_fp8_kernel(
     tl.store(c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_n[None, :], y, mask=out_ok)
 
 
+@functools.cache
+def _device_name_of(index: int | None) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _device_name(device: torch.device) -> str:
+    """The name tuned tables are keyed by (``torch.cuda.get_device_name``), or ``cpu``."""
+    return _device_name_of(device.index) if device.type == "cuda" else device.type
+
+
 def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                block: tuple[int, int] = (GROUP, GROUP), x_scale: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
@@ -142,7 +154,7 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         return out
     if not x.is_cuda:
         interpret_casts.install()
-    cfg = config or choose_config(m, n, k)
+    cfg = config or choose_config(m, n, k, table=cached_table(_device_name(x.device)))
     if x.dtype != FP8 and not cfg.fuse_quant:
         x, x_scale = quant_act_fp8_triton(x, GROUP)
     a_fp8 = x.dtype == FP8
