@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,12 +36,14 @@ from glmlab.distributed.parallel import ProcessGroups
 from glmlab.distributed.random_shard import random_tp_model
 from glmlab.engine.cuda_graph import CudaGraphRunner, batch_buckets
 from glmlab.model.backends import Backends
+from glmlab.model.layers import Linear
 from glmlab.model.moe import Experts, Router
 from glmlab.model.plan import ForwardPlan, StepPlan
 from glmlab.model.session import run_step
 from glmlab.presets import preset
 from glmlab.speculative.commit import SpecStateStore
 from glmlab.speculative.replay import CommitMode
+from glmlab.testing.syncs import count_host_syncs
 
 PATHS = {"before": Backends(kda="fla", sparse_mla="tilelang", moe="triton"),
          "new": Backends.fast()}
@@ -60,6 +62,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=20, help="timed steps of the new path")
     p.add_argument("--before-reps", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="KDA recurrent state (the reference deployment: bf16)")
     p.add_argument("--stream", help="append each row to this JSONL file as it is measured")
     p.add_argument("--time-budget", type=float, help="seconds; later cases are skipped")
     return p.parse_args(argv)
@@ -69,14 +73,28 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
-def hbm_bandwidth(device) -> float:
-    """Bytes per second of a 2 GiB device copy (read + write), median of do_bench."""
+def ceilings(device) -> dict[str, float]:
+    """Measured now: HBM bytes/s of a 2 GiB device copy (read + write) and the FLOP/s of an
+    8192^3 bf16 matmul and FP8 ``torch._scaled_mm`` (medians of do_bench; random data)."""
     import triton.testing
 
-    src = torch.empty(1 << 30, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=50, return_mode="median")
-    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+    def ms(fn) -> float:
+        return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+
+    def copy_rate() -> float:
+        src = torch.empty(1 << 30, dtype=torch.bfloat16, device=device).normal_()
+        dst = torch.empty_like(src)
+        return 2 * src.numel() * src.element_size() / (ms(lambda: dst.copy_(src)) * 1e-3)
+
+    hbm = copy_rate()
+    n = 8192
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    bf16 = 2 * n**3 / (ms(lambda: a @ b) * 1e-3)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    one = torch.ones((), device=device)
+    fp8 = 2 * n**3 / (ms(lambda: torch._scaled_mm(a8, b8.t(), one, one,
+                                                  out_dtype=torch.bfloat16)) * 1e-3)
+    return {"hbm": hbm, "bf16": bf16, "fp8": fp8}
 
 
 # ---------------------------------------------------------------- model, cache, plans
@@ -87,12 +105,15 @@ def build_model(name: str, seed: int):
     return model
 
 
-def build_cache(model, batch: int, context: int, device: str = "cuda") -> ModelCache:
+def build_cache(model, batch: int, context: int, device: str = "cuda",
+                state_dtype: torch.dtype = torch.float32) -> ModelCache:
     """Room for ``batch`` requests of ``context`` tokens plus a window, request i at slot i + 1
-    and pages from (i + 1) * pages_per_seq (slot 0 and the first pages are padding scratch)."""
+    and pages from (i + 1) * pages_per_seq (slot 0 and the first pages are padding scratch).
+    The KDA state in ``state_dtype`` (the reference deployment keeps it in bf16)."""
     pages = -(-(context + 16) // PAGE)  # per request; the cache holds batch + 2 of them
-    cache = ModelCache(model.cfg, (batch + 2) * pages * PAGE, batch + 2, PAGE,
-                       CacheDtypes.like(model.dtype), device, with_mtp=False)
+    dtypes = replace(CacheDtypes.like(model.dtype), recurrent=state_dtype)
+    cache = ModelCache(model.cfg, (batch + 2) * pages * PAGE, batch + 2, PAGE, dtypes, device,
+                       with_mtp=False)
     with torch.no_grad():
         for t in cache.regions().values():
             if t[0].is_floating_point():
@@ -136,48 +157,62 @@ def profile(fn) -> tuple[int, float]:
     return len(kernels), us / 1e3
 
 
-def host_syncs(fn) -> int:
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in seen)
-
-
-def roofline_bytes(model, cache: ModelCache, plan: StepPlan, hit: dict[int, int]) -> dict:
-    """Bytes one step must read (and the state it must write), by part."""
+def roofline(model, cache: ModelCache, plan: StepPlan, hit: dict[int, int],
+             ceil: dict[str, float]) -> dict[str, dict]:
+    """By part of the step: the bytes it must move (every weight it uses, routed experts only
+    where a token went; the latent rows and pooled indexer keys it attends to; the KDA state read,
+    and written on decode), the FLOPs it must do (FP8 or bf16 tensor-core work), and its floor:
+    the larger of bytes over HBM bandwidth and FLOPs over the measured rate. The step's roofline
+    is the sum of the parts' floors (a verify step's lm_head over 1,056 rows is compute-bound
+    while its weights are a stream: one global max would hide either)."""
     cfg, f = model.cfg, plan.forward
-    n, width = f.num_seqs, f.uniform_width
+    n, width, t = f.num_seqs, f.uniform_width, f.num_tokens
     context = f.cache_lens[0]
-    weights = experts = 0
+    weights = experts = fp8_dense = bf16_dense = expert_flops = 0
     for name, p in model.named_parameters():
         if name.startswith("mtp.") or ".experts." in name:
             continue
-        weights += (f.num_tokens * p.shape[1] * p.element_size() if "embed_tokens" in name
+        weights += (t * p.shape[1] * p.element_size() if "embed_tokens" in name
                     else p.numel() * p.element_size())
-    for m in model.modules():
+    for name, m in model.named_modules():
+        if name.startswith("mtp."):
+            continue
         if getattr(m, "weight_scale_inv", None) is not None:
             weights += m.weight_scale_inv.numel() * 4
+        if isinstance(m, Linear):
+            flops = 2 * t * m.in_features * m.out_features
+            fp8_dense, bf16_dense = ((fp8_dense + flops, bf16_dense) if m.is_fp8
+                                     else (fp8_dense, bf16_dense + flops))
     for i, m in enumerate(x for x in model.modules() if isinstance(x, Experts)):
-        per = sum(t[0].numel() * t.element_size() for t in (m.w13, m.w2, m.w13_scale, m.w2_scale)
-                  if t is not None)
+        per = sum(w[0].numel() * w.element_size() for w in (m.w13, m.w2, m.w13_scale, m.w2_scale)
+                  if w is not None)
         experts += hit.get(i, m.w13.shape[0]) * per
+        expert_flops += 2 * t * cfg.moe.top_k * (m.w13[0].numel() + m.w2[0].numel())
     d = cfg.dsa
     rows = min(context + width, width * d.max_selected)  # distinct latent rows per request
+    dsa_layers = len(cfg.layer_types) - len(cfg.kda_layers)
     kv = n * rows * cache.latent_bytes_per_token()  # every DSA layer
+    selected = min(context + width, d.max_selected)  # rows each query attends to
+    attn_flops = dsa_layers * 2 * t * d.num_heads * selected * 2 * d.kv_lora_rank
+    pools = (context + width) // d.index_kpool
     scored = (context + 1) // d.index_kpool > d.topk_pools  # else every pool is kept unscored
     index = int(n * (context + width) * cache.index_bytes_per_token()) if scored else 0
+    index_flops = dsa_layers * 2 * t * d.index_n_heads * d.index_head_dim * pools if scored else 0
     k = cfg.kda
-    state_one = k.num_heads * k.head_dim * k.head_dim * 4
+    state_bytes = next(iter(cache.recurrent.values())).element_size()
+    state_one = k.num_heads * k.head_dim * k.head_dim * state_bytes
     conv_one = k.conv_channels * (k.conv_kernel - 1) * 2
     state = n * len(cfg.kda_layers) * (state_one * (1 if f.verify is not None else 2)
                                        + 2 * conv_one)
-    return {"weights": weights, "experts": experts, "kv": kv, "index": int(index),
-            "state": state}
+    hbm, bf16, fp8 = ceil["hbm"], ceil["bf16"], ceil["fp8"]
+    parts = {"weights": (weights, fp8_dense / fp8 + bf16_dense / bf16, fp8_dense + bf16_dense),
+             "experts": (experts, expert_flops / fp8, expert_flops),
+             "attention": (kv + index, (attn_flops + index_flops) / bf16,
+                           attn_flops + index_flops),
+             "state": (state, 0.0, 0)}  # KDA's few FLOPs per state byte run on CUDA cores
+    return {name: {"bytes": int(b), "flops": int(fl), "ms": max(b / hbm, sec) * 1e3,
+                   "bound": "hbm" if b / hbm >= sec else "compute"}
+            for name, (b, sec, fl) in parts.items()}
 
 
 def experts_hit(model, cache, plan) -> dict[int, int]:
@@ -206,7 +241,7 @@ def _measure(path: str, model, cache, plan, reps: int) -> dict:
     eager = lambda: run_step(model, cache, plan)  # noqa: E731
     eager()  # compile / warm up
     kernels, device_ms = profile(eager)
-    out = {"eager_host_syncs": host_syncs(eager)}
+    out = {"eager_host_syncs": count_host_syncs(eager)}
     if path == "before":
         out.update(step_ms=wall_ms(eager, reps), host_syncs=out["eager_host_syncs"])
     else:
@@ -215,8 +250,8 @@ def _measure(path: str, model, cache, plan, reps: int) -> dict:
         runner = CudaGraphRunner(model, cache, bucket, f.page_table.shape[1], [bucket])
         runner.capture(f.uniform_width, f.verify)
         replay = lambda: runner.run(plan)  # noqa: E731
-        out.update(step_ms=wall_ms(replay, reps), host_syncs=host_syncs(replay), bucket=bucket,
-                   graph_mb=round(runner.memory_bytes() / 2**20, 1),
+        out.update(step_ms=wall_ms(replay, reps), host_syncs=count_host_syncs(replay),
+                   bucket=bucket, graph_mb=round(runner.memory_bytes() / 2**20, 1),
                    eager_step_ms=wall_ms(eager, max(2, reps // 4)))
         graph_kernels, graph_ms = profile(replay)
         if graph_kernels:  # the profiler saw the replayed kernels
@@ -232,7 +267,11 @@ def run(argv: list[str]) -> list[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("the decode benchmark needs a GPU")
     start = time.perf_counter()
-    hbm = hbm_bandwidth("cuda")
+    warmup = "one eager step (compiles); graphs: capture + one replay"
+    repetitions = (f"new: {args.reps} graph replays back to back, before: {args.before_reps} "
+                   f"eager steps; wall clock over them")
+    ceil = ceilings("cuda")
+    hbm = ceil["hbm"]
     gpu = torch.cuda.get_device_name(0)
     stream = Path(args.stream) if args.stream else None
     rows: list[dict] = []
@@ -242,7 +281,9 @@ def run(argv: list[str]) -> list[dict]:
         cases = _cases(args)
         for context in sorted({c for _, c, _ in cases}):
             mine = [(b, w) for b, c, w in cases if c == context]
-            cache = build_cache(model, max(b for b, _ in mine), context)
+            cache = build_cache(model, max(b for b, _ in mine), context,
+                                state_dtype=getattr(torch, {"fp32": "float32",
+                                                            "bf16": "bfloat16"}[args.state_dtype]))
             for batch, width in mine:
                 if args.time_budget and time.perf_counter() - start > args.time_budget:
                     print(f"time budget spent: skipping {name} b{batch} c{context} w{width}")
@@ -251,12 +292,13 @@ def run(argv: list[str]) -> list[dict]:
                     cfg, batch + 2, width, CommitMode.REPLAY, torch.bfloat16, device="cuda")
                 plan = step_plan(cache, batch, context, width, recorder, cfg.vocab_size)
                 model.use_backends(PATHS["new"])
-                parts = roofline_bytes(model, cache, plan, experts_hit(model, cache, plan))
-                roof_ms = sum(parts.values()) / hbm * 1e3
+                parts = roofline(model, cache, plan, experts_hit(model, cache, plan), ceil)
+                roof_ms = sum(p["ms"] for p in parts.values())
                 for path in args.paths.split(","):
                     m = _measure(path, model, cache, plan,
                                  args.before_reps if path == "before" else args.reps)
                     row = {"gpu": gpu, "preset": name, "layers": cfg.num_layers, "batch": batch,
+                           "state_dtype": args.state_dtype,
                            "context": context, "width": width, "path": path,
                            "step_ms": round(m["step_ms"], 3), "roofline_ms": round(roof_ms, 3),
                            "x_roofline": round(m["step_ms"] / roof_ms, 2),
@@ -264,7 +306,12 @@ def run(argv: list[str]) -> list[dict]:
                            "kernels_per_layer": round(m["kernels"] / cfg.num_layers, 1),
                            "host_syncs": m["host_syncs"], "hbm_tbs": round(hbm / 1e12, 3),
                            "device_ms": round(m["device_ms"], 3),
-                           "bytes": {k: int(v) for k, v in parts.items()},
+                           "bf16_tflops": round(ceil["bf16"] / 1e12, 1),
+                           "fp8_tflops": round(ceil["fp8"] / 1e12, 1),
+                           "bytes": {k: p["bytes"] for k, p in parts.items()},
+                           "flops": {k: p["flops"] for k, p in parts.items()},
+                           "roofline_parts_ms": {k: round(p["ms"], 3) for k, p in parts.items()},
+                           "bound": {k: p["bound"] for k, p in parts.items()},
                            "backends": PATHS[path].describe(),
                            **{k: m[k] for k in ("eager_host_syncs", "eager_step_ms", "bucket",
                                                  "graph_mb") if k in m}}
@@ -272,7 +319,7 @@ def run(argv: list[str]) -> list[dict]:
                     rows.append(row)
                     if stream is not None:
                         with stream.open("a") as fh:
-                            fh.write(json.dumps({**machine(), **row}) + "\n")
+                            fh.write(json.dumps({**machine(warmup, repetitions), **row}) + "\n")
             del cache
             torch.cuda.empty_cache()
         del model

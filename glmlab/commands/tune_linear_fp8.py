@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -88,14 +89,17 @@ def run(args: argparse.Namespace) -> int:
     device = torch.cuda.get_device_name(0)
     ceilings = measure_ceilings()
     timer = GraphTimer()
+    out = Path(args.out) if args.out else CONFIG_DIR
+    old = read_table(device, out) if args.update else None
+    meta = {"tokens": tokens, "timer": "CUDA graph, L2 flushed per call",
+            "triton": __import__("triton").__version__}
     entries, rows = {}, []
     for n, k, act_fp8 in shapes:
         for m in tokens:
             res = tune_shape(m, n, k, timer, act_fp8=act_fp8)
             entries.setdefault((n, k), {})[m] = res.best.config
             rule = rule_config(m, n, k)
-            rule_us = res.time_of(rule if not act_fp8 else
-                                  rule.__class__(**{**rule.__dict__, "fuse_quant": False}))
+            rule_us = res.time_of(replace(rule, fuse_quant=False) if act_fp8 else rule)
             w_bytes = n * k + (-(-n // 128)) * (-(-k // 128)) * 4
             row = {"M": m, "N": n, "K": k, "act": "e4m3" if act_fp8 else "bf16",
                    "tuned": res.best.config.short(), "tuned_us": round(res.best.us, 2),
@@ -113,16 +117,14 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({k2: row[k2] for k2 in ("M", "N", "K", "act", "tuned", "tuned_us",
                                                      "rule_us", "frac_hbm", "tflops")}),
                   flush=True)
-    out = Path(args.out) if args.out else CONFIG_DIR
-    table = GemmTable(entries, {"tokens": tokens, "timer": "CUDA graph, L2 flushed per call",
-                                "triton": __import__("triton").__version__})
-    if args.update and (old := read_table(device, out)) is not None:
-        table = old.merged(table)
-    path = save_table(table, device, out)
-    if args.report:
-        report = Path(args.report)
-        write_rows(rows, report.parent, report.stem, warmup="graph capture + 2 replays",
-                   repetitions=f"{timer.replays} graph replays of up to {timer.max_launches}")
+        # after every shape: a run cut short keeps the shapes it finished
+        table = GemmTable(entries, meta)
+        path = save_table(old.merged(table) if old is not None else table, device, out)
+        if args.report:
+            report = Path(args.report)
+            write_rows(rows, report.parent, report.stem, warmup="graph capture + 2 replays",
+                       repetitions=f"{timer.replays} graph replays of up to {timer.max_launches}")
+            rows = []
     print(json.dumps({"table": str(path), "report": args.report, "shapes": len(shapes)}))
     return 0
 

@@ -127,9 +127,7 @@ class CudaGraphRunner:
         if verify is not None and rid not in self._pad_ok:
             row = verify.rows(torch.tensor([SCRATCH_SLOT], device=self.device))
             self._pad_ok[rid] = int(row[0]) >= 0  # at capture time, not in a step
-        before = torch.cuda.memory_reserved(self.device)
-        new_buffers = width not in self._buffers
-        buf = self._buf(width)
+        self._buf(width)
         for bs in sorted(self.buckets, reverse=True):
             key = (width, rid, tuple(capture_layers), bs)
             if key in self._graphs:
@@ -143,9 +141,10 @@ class CudaGraphRunner:
                 result = run_step(self.model, self.cache, plan)
             self._graphs[key] = _Graph(graph, result)
         torch.cuda.synchronize(self.device)
-        self.graph_bytes += torch.cuda.memory_reserved(self.device) - before
-        if new_buffers:
-            self.graph_bytes += buf.nbytes()
+        # NOTE: not a difference of memory_reserved: entering a capture empties the allocator's
+        # cache, so reserved memory can shrink across a capture that allocated plenty
+        self.graph_bytes = (pool_bytes(self.pool)
+                            + sum(b.nbytes() for b in self._buffers.values()))
 
     def captured(self, width: int, verify=None, capture_layers: tuple[int, ...] = ()) -> bool:
         return (width, id(verify) if verify is not None else None,
@@ -198,6 +197,13 @@ class CudaGraphRunner:
         logits = r.logits[:t] if plan.logit_rows is None else r.logits[plan.logit_rows]
         return replace(r, hidden=r.hidden[:t].clone(), features=r.features[:t].clone(),
                        logits=logits.clone() if plan.logit_rows is None else logits)
+
+
+def pool_bytes(pool) -> int:
+    """Device bytes held by the allocator segments of one private memory pool (the graphs')."""
+    want = tuple(pool)
+    return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", ())) == want)
 
 
 def make_graph_runner(model: GLM5Model, cache: ModelCache, cfg) -> CudaGraphRunner | None:

@@ -32,7 +32,12 @@ MAX_REL_ERR = 1e-2  # relative RMS vs the reference: Hopper's FP8 accumulation i
 
 
 def candidates(m: int, n: int, k: int, act_bytes: int = 2) -> list[GemmConfig]:
-    """The configs worth timing for y[M, N] = x[M, K] W[N, K]^T (the rule's pick included)."""
+    """The configs worth timing for y[M, N] = x[M, K] W[N, K]^T (the rule's pick included).
+
+    Kept small on purpose (each distinct config is a Triton compile, ~1 s): weight streaming
+    for M <= 64 (swap-AB, activations quantised in the prologue, split-K to fill the GPU);
+    output tiles up to 128 x 256 for larger M, quantising in the prologue only while one
+    column block's re-quantisation is cheap (M <= 256), split-K at most 2."""
     k_blocks = -(-k // GROUP)
     splits = [s for s in (1, 2, 4, 8) if k_blocks // s >= 2]
     out: list[GemmConfig] = []
@@ -40,24 +45,20 @@ def candidates(m: int, n: int, k: int, act_bytes: int = 2) -> list[GemmConfig]:
         bm = 16
         while bm < m:
             bm *= 2
-        for bn in (64, 128):
-            for split in splits:
-                for fuse in (True, False):
-                    out.append(GemmConfig(bm, bn, split, swap_ab=True, fuse_quant=fuse))
+        out += [GemmConfig(bm, bn, split, swap_ab=True, fuse_quant=True)
+                for bn in (64, 128) for split in splits]
     else:
+        small = m <= 256
         for bm in (64, 128):
             for bn in (64, 128, 256):
-                for split in splits[:2]:
-                    for fuse in (False, True) if m <= 256 else (False,):
+                for split in splits[:2] if small else splits[:1]:
+                    for fuse in (True, False) if small and bm == 64 else (False,):
                         warps = 4 if bm * bn <= 64 * 128 else 8
-                        for stages in (3, 4):
-                            out.append(GemmConfig(bm, bn, split, swap_ab=False, fuse_quant=fuse,
-                                                  num_warps=warps, num_stages=stages))
-        if m <= 256:  # tokens on the dot's N side, up to 128 of them per program
-            for bn in (64, 128):
-                for split in splits[:2]:
-                    out.append(GemmConfig(128 if m > 64 else 64, bn, split, swap_ab=True,
-                                          fuse_quant=False))
+                        out.append(GemmConfig(bm, bn, split, swap_ab=False, fuse_quant=fuse,
+                                              num_warps=warps, num_stages=4 if bm == 64 else 3))
+        if small:  # tokens on the dot's N side, up to 128 of them per program
+            out += [GemmConfig(128, bn, split, swap_ab=True, fuse_quant=False)
+                    for bn in (64, 128) for split in splits[:2]]
     out.append(rule_config(m, n, k))
     seen, kept = set(), []
     for c in out:

@@ -19,6 +19,7 @@ from glmlab.model.backends import Backends
 from glmlab.model.plan import ForwardPlan, StepPlan
 from glmlab.model.session import Session, run_step
 from glmlab.testing.parity import prompt_ids
+from glmlab.testing.syncs import sync_debug
 
 # Kernels per layer of a fused decode step, from the code (average over the tiny model's layers:
 # 1 KDA+dense, 2 KDA+MoE, 1 DSA+MoE). mHC: 2 kernels per site x 2 sites = 4. KDA: 4 projection
@@ -75,15 +76,12 @@ def test_decode_step_has_no_host_sync_and_few_kernels(tiny_dir):
     run_step(model, s.cache, _step_plan(s, {i: [5] for i in (1, 2, 3)}))  # compile, warm up
     plan = _step_plan(s, {i: [6] for i in (1, 2, 3)})
     torch.cuda.synchronize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with sync_debug("error"):
                 run_step(model, s.cache, plan)
-                torch.cuda.synchronize()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
     per_layer = len(kernels) / model.cfg.num_layers

@@ -21,6 +21,7 @@ from glmlab.model.backends import Backends
 from glmlab.model.layers import Linear
 from glmlab.model.plan import StepPlan
 from glmlab.model.session import run_step
+from glmlab.testing.syncs import sync_debug
 
 pytestmark = pytest.mark.gpu
 
@@ -58,12 +59,9 @@ def test_slice4_fused_step_matches_reference_and_graph():
     torch.cuda.synchronize()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with sync_debug("error"):
             fast = run_step(model, cache, plan)
-            torch.cuda.synchronize()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
     layer0, logits = _rel(fast.features, ref.features), _rel(fast.logits, ref.logits)
     print(f"fused vs W8A8 reference: layer 0 {layer0:.2e}, logits {logits:.2e}")
     assert layer0 < 2e-2 and logits < 0.1
