@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from glmlab.env import source_commit
 from glmlab.train.corpus import REPO_ROOT
 
 
@@ -85,12 +86,18 @@ class RunLog:
 
 
 def provenance() -> dict:
-    """Where a run happened: command line, git commit, versions, device."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                                text=True, timeout=10).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    """Where a run happened: command line, git commit, versions, device.
+
+    NOTE: the GPU machine gets a copy of the tree whose ``.git`` may be an older snapshot, so
+    the commit named by GLMLAB_GIT_COMMIT wins (as for benchmark rows)."""
+    commit = source_commit()[0]
+    if commit is None:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT,
+                                    capture_output=True, text=True,
+                                    timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     return {"command": " ".join(sys.argv), "commit": commit, "python": sys.version.split()[0],
             "torch": torch.__version__, "gpu": gpu, "date": time.strftime("%Y-%m-%d %H:%M:%S")}

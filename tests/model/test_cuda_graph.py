@@ -49,7 +49,8 @@ def test_graphs_refuse_backends_that_read_host_lengths(tiny_dir):
 
 
 def _fast_tiny(tiny_dir):
-    return load_model(tiny_dir, dtype=torch.float32, device="cuda").use_backends(Backends.fast())
+    # bf16: the fast path's dtype (the TileLang sparse-MLA kernel stores no fp32 rows)
+    return load_model(tiny_dir, dtype=torch.bfloat16, device="cuda").use_backends(Backends.fast())
 
 
 def _prefilled(model, n_real: int) -> Session:
@@ -105,7 +106,8 @@ def test_graph_replay_gives_eager_greedy_tokens(tiny_dir):
         plan = _step_plan(graphed, toks)
         assert runner.bucket_for(plan) == 4  # 3 requests padded to the bucket of 4
         b = runner.run(plan)
-        assert torch.allclose(a.logits, b.logits, rtol=1e-3, atol=1e-3 * a.logits.abs().max())
+        # a bucket of 4 rows against 3: GEMM configs chosen by M may sum in another order
+        assert torch.allclose(a.logits, b.logits, rtol=2e-2, atol=2e-2 * a.logits.abs().max())
         assert torch.equal(a.logits.argmax(-1), b.logits.argmax(-1)), step
         last = a.logits.view(len(seqs), width, -1)[:, -1].argmax(-1).tolist()
         nxt = dict(zip(seqs, last, strict=True))
@@ -122,7 +124,7 @@ def test_engine_tokens_with_and_without_graphs(tiny_dir):
     for off in (True, False):
         # NOTE: a fixed cache: the default budget takes most of the GPU, which a test sharing
         # the process (or the GPU) then cannot have
-        llm = LLM(tiny_dir, device="cuda", dtype="fp32", backends=Backends.fast(),
+        llm = LLM(tiny_dir, device="cuda", dtype="bf16", backends=Backends.fast(),
                   cuda_graph_max_bs=4, disable_cuda_graph=off, print_budget=False,
                   cache_bytes=256 << 20)
         out[off] = [c.output_ids for c in llm.generate(prompts, params, use_tqdm=False)]
