@@ -33,8 +33,7 @@ class CommModel:
     def time_us(self, call: Collective) -> float:
         if call.kind == "barrier" or call.ranks == 1:
             return 0.0
-        kind = "all_reduce" if call.kind == "broadcast" else call.kind  # no broadcast curve
-        return self.table.curve(kind, call.ranks).time_us(call.bytes)
+        return self.table.curve(call.kind, call.ranks).time_us(call.bytes)
 
     def price(self, calls: list[Collective]) -> dict:
         """Total and per-phase / per-kind milliseconds, counts, bytes and the sources used."""
@@ -49,11 +48,15 @@ class CommModel:
             k["bytes"] += c.bytes
             k["ms"] += ms
             if c.kind != "barrier" and c.ranks > 1:
-                kind = "all_reduce" if c.kind == "broadcast" else c.kind
-                sources.add(self.table.curve(kind, c.ranks).source)
+                sources.add(self.table.curve(c.kind, c.ranks).source)
         return {"comm_ms": sum(by_phase.values()), "by_phase": dict(by_phase),
                 "by_kind": {k: dict(v) for k, v in by_kind.items()},
-                "sources": {s: SOURCES.get(s, s) for s in sorted(sources)}}
+                "sources": {s: _describe(s) for s in sorted(sources)}}
+
+
+def _describe(source: str) -> str:
+    base, _, lent = source.partition(" (")
+    return SOURCES.get(base, base) + (f" [{lent[:-1]} lent to another kind]" if lent else "")
 
 
 def overlap_bounds(compute_ms: float, comm_ms: float) -> dict:

@@ -88,6 +88,9 @@ class CommCurve:
         return math.exp(math.log(t0) + w * (math.log(t1) - math.log(t0)))
 
 
+SUBSTITUTES = {"reduce_scatter": "all_gather", "all_gather": "reduce_scatter",
+               "broadcast": "all_reduce"}
+
 SOURCES = {
     "published-4xH100": "nccl-tests 2.18.3 / NCCL 2.29.2, 4 x H100 SXM NVLink 4 + NVSwitch, "
                         "out-of-place (github.com/waynehacking8/nccl-collectives-bench "
@@ -122,9 +125,15 @@ class CommTable:
         return cls(tuple(_published()))
 
     def curve(self, kind: str, ranks: int) -> CommCurve:
+        """The curve of (kind, ranks); a source without it lends its ``SUBSTITUTES`` curve of
+        the same rank count (reduce-scatter and all-gather move the same bytes per rank on a
+        ring; a broadcast moves no more than an all-reduce), its source saying so."""
         for c in self.curves:
             if c.kind == kind and c.ranks == ranks:
                 return c
+        for c in self.curves:
+            if c.kind == SUBSTITUTES.get(kind) and c.ranks == ranks:
+                return CommCurve(kind, ranks, c.points, f"{c.source} ({c.kind} curve)")
         have = sorted({(c.kind, c.ranks) for c in self.curves})
         raise KeyError(f"no {kind} curve for {ranks} ranks in the table; it has {have}")
 

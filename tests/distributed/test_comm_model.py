@@ -31,6 +31,9 @@ def test_published_table_reads_its_sources():
     assert bus_factor("reduce_scatter", 4) == 0.75
     with pytest.raises(KeyError, match="no reduce_scatter curve for 8 ranks"):
         t.curve("reduce_scatter", 8)
+    lent = t.curve("reduce_scatter", 2)  # the 2-GPU run measured all-gathers only
+    assert lent.points == t.curve("all_gather", 2).points
+    assert lent.source == "measured-2xH200 (all_gather curve)"
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):  # bandwidth-bound from 2 MiB
         times = [t.curve(kind, 4).time_us(2**i) for i in range(21, 36)]
         assert times == sorted(times)
