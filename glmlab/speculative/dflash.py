@@ -75,9 +75,13 @@ class DraftAttention(nn.Module):
         keys = torch.cat([ctx_k.to(x.dtype), k], dim=1).transpose(1, 2)  # [N, HKV, L+B, Dh]
         vals = torch.cat([ctx_v.to(x.dtype), v], dim=1).transpose(1, 2)
         valid = torch.cat([ctx_valid, ctx_valid.new_ones(n, b)], dim=1)  # block: non-causal
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals,
-                                           attn_mask=valid[:, None, None, :], enable_gqa=True)
-        return o.transpose(1, 2).flatten(2)
+        # grouped-query attention with the G = H / HKV query heads of a KV head folded into the
+        # query axis (query head h reads KV head h // G, as enable_gqa would have it): the keys
+        # are never repeated G times (at 64K context that copy is G x the context K/V)
+        g = c.num_heads // c.num_kv_heads
+        qg = q.transpose(1, 2).reshape(n, c.num_kv_heads, g * b, c.head_dim)
+        o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=valid[:, None, None, :])
+        return o.view(n, c.num_heads, b, c.head_dim).transpose(1, 2).flatten(2)
 
 
 class DraftLayer(nn.Module):
