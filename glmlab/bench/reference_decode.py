@@ -191,8 +191,8 @@ class DecodeBench:
         """One eager run with the recorder on: its collectives, and the routed experts of this
         rank each MoE layer's tokens went to (for the roofline)."""
         self.layout.graphs, hits, hooks = None, {}, []
-        moes = [m for m in self.model.layers.modules() if hasattr(m, "gate")
-                and isinstance(getattr(m, "gate"), Router)]
+        moes = [m for m in self.model.layers.modules()
+                if isinstance(getattr(m, "gate", None), Router)]
         for i, m in enumerate(moes):
             lo = getattr(m, "expert_start", 0)
             hi = lo + getattr(m, "num_local", m.experts.w13.shape[0])

@@ -107,7 +107,8 @@ def draft_bytes(model, draft, draft_kv, batch: int, context: int) -> dict[str, i
 
 
 def commit_bytes(cache, batch: int) -> dict[str, int]:
-    """ReplaySSM commit: each request's KDA state read, advanced over its accepted steps, written."""
+    """ReplaySSM commit: each request's KDA state read, advanced over its accepted steps,
+    written back."""
     state = sum(_nbytes(x[0]) for x in cache.recurrent.values())
     return {"state": 2 * batch * state}
 

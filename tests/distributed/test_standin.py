@@ -65,7 +65,6 @@ def test_draft_split_keeps_or_replicates_kv_heads():
     assert (local.num_heads, local.num_kv_heads, first) == (1, 1, 1)
 
 
-@pytest.mark.slow
 def test_recorder_sees_what_two_gloo_ranks_move():
     layout = ParallelLayout(cp=2, tp=2, ep=2)
     real = launch(real_rank, 2, layout)
