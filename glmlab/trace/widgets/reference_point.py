@@ -42,7 +42,7 @@ def phases_figure(summary: dict, title: str) -> go.Figure:
                       ("rest_ms", "commit + rest"), ("comm_ms", "communication (modelled)")):
         fig.add_bar(x=labels, y=[r[key] or 0.0 for r in rows], name=name)
     fig.update_layout(barmode="stack")
-    return finish(fig, title, height=380, yaxis="ms per cycle")
+    return finish(fig, title, height=380, xaxis="configuration and source", yaxis="ms per cycle")
 
 
 def memory_figure(summary: dict, title: str) -> go.Figure:
@@ -53,4 +53,4 @@ def memory_figure(summary: dict, title: str) -> go.Figure:
                       ("published_gb", "published, per GPU")):
         fig.add_bar(x=[r["pool"] for r in rows], y=[r[key] or 0.0 for r in rows], name=name)
     fig.update_layout(barmode="group")
-    return finish(fig, title, height=360, yaxis="GB per GPU")
+    return finish(fig, title, height=360, xaxis="pool", yaxis="GB per GPU")
