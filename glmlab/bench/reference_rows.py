@@ -61,14 +61,17 @@ def _nbytes(t: torch.Tensor | None) -> int:
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
-    """Parameters and tensor attributes (FP8 scales) of ``module``, each counted once."""
+    """Bytes of the parameters, buffers and tensor attributes (FP8 scales) of ``module``, each
+    storage counted once (fused projections leave their parts as views of the merged weight)."""
     seen, total = set(), 0
     for m in module.modules():
         for t in (*m.parameters(recurse=False), *m.buffers(recurse=False),
                   *(v for v in vars(m).values() if isinstance(v, torch.Tensor))):
-            if id(t) not in seen:
-                seen.add(id(t))
-                total += _nbytes(t)
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes()) if t.device.type != "meta" else id(t)
+            if key not in seen:
+                seen.add(key)
+                total += storage.nbytes() if t.device.type != "meta" else _nbytes(t)
     return total
 
 
