@@ -16,7 +16,8 @@
 #       data/bench/logs/h200-reference-point.log
 # Files in $OUT: log.txt, reference_point.jsonl (rows appended as each point is measured, so a
 # run cut short keeps what it measured), status.txt. Stages have their own limits, cut to what is
-# left of TOTAL_S (default 345 s); a stage that dies leaves the rows before it.
+# left of TOTAL_S (default 345 s); a stage that dies leaves the rows before it. STAGES="decode" or
+# STAGES="prefill" runs one stage (two device calls, each with the whole budget, if one is short).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT}
@@ -27,6 +28,8 @@ PY=${PY:-python3}
 TOTAL=${TOTAL_S:-345}
 START=$SECONDS
 ROWS=$OUT/reference_point.jsonl
+STAGES=${STAGES:-decode prefill}
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 FAILED=0
 left() { echo $(( TOTAL - (SECONDS - START) )); }
 stage() {  # stage NAME LIMIT_S command...: one stage with its own limit, its status recorded
@@ -44,8 +47,8 @@ stage() {  # stage NAME LIMIT_S command...: one stage with its own limit, its st
 
 BENCH="$PY -m glmlab.bench.ops --op reference_point --out /tmp/reference-point --stream $ROWS"
 if [ "${REHEARSE:-0}" = 1 ]; then
-  stage decode 300 $BENCH --rehearsal --phases decode
-  stage prefill 120 $BENCH --rehearsal --phases prefill
+  has decode && stage decode 300 $BENCH --rehearsal --phases decode
+  has prefill && stage prefill 120 $BENCH --rehearsal --phases prefill
 else
   if [ ! -d .git ] && [ -z "${GLMLAB_GIT_COMMIT:-}" ]; then
     echo "set GLMLAB_GIT_COMMIT (and GLMLAB_GIT_DIRTY) to the commit this tree was copied from"
@@ -62,9 +65,9 @@ else
     || { echo "!! imports failed"; exit 2; }
   # decode: DFlash2 at 132 first (the reference point), then its sweep, MTP718 at 132, plain
   # decode; points past --time-budget are skipped so that the prefill stage keeps its share
-  DECODE=$(( $(left) - 100 ))
-  stage decode $DECODE $BENCH --phases decode --time-budget $(( DECODE - 40 ))
-  stage prefill 100 $BENCH --phases prefill
+  DECODE=$(left); has prefill && DECODE=$(( DECODE - 100 ))
+  has decode && stage decode $DECODE $BENCH --phases decode --time-budget $(( DECODE - 40 ))
+  has prefill && stage prefill $(left) $BENCH --phases prefill
 fi
 echo "== done in $((SECONDS - START))s: $(tr '\n' ' ' < "$OUT/status.txt")"
 $PY - "$ROWS" <<'EOF'
