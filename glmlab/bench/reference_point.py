@@ -54,6 +54,7 @@ from glmlab.bench.reference_rows import (
     roofline,
     trained_accept,
     verify_bytes,
+    verify_flops,
 )
 from glmlab.cache.storage import CacheDtypes
 from glmlab.distributed.comm_model import CommModel
@@ -215,7 +216,9 @@ def _decode_row(args, bench: DecodeBench, res, comm: CommModel, base: dict,
     memory = None
     if res.sublayer_ms is not None:  # the reference point of this algorithm
         memory = memory_rows(bench, _extra_memory(bench, model, args.device))
-    return decode_row(res, comm, base, roofline(parts, hbm), memory,
+    width = 1 if algorithm == "decode" else WIDTH
+    flops = verify_flops(model, res.batch, width, work.prompt_len)
+    return decode_row(res, comm, base, roofline(parts, hbm, flops), memory,
                       trained_accept(ROOT, algorithm))
 
 
