@@ -99,6 +99,13 @@ def test_decode_rows_carry_the_reference_beside_ours(rows):
                                             "state": 7.37, "state_slots": 414}
     assert set(fl["roofline"]["bytes"]) == {"verify", "draft", "commit"}
     assert fl["roofline"]["parts"]["verify"]["experts"] > 0
+    roof = fl["roofline"]
+    for phase, parts in roof["parts"].items():
+        assert roof["bytes"][phase] == sum(parts.values())
+        assert roof["ms"][phase] == pytest.approx(roof["bytes"][phase] / roof["hbm_tbs"] / 1e9)
+    verify = max(roof["ms"]["verify"], roof["verify_compute_floor_ms"])
+    assert roof["cycle_ms"] == pytest.approx(verify + roof["ms"]["draft"] + roof["ms"]["commit"])
+    assert roof["verify_flops"]["bf16"] > 0
     assert fl["shared_prefix_len"] + fl["suffix_len"] == fl["prompt_len"]
     assert _one(rows, "mtp")["reference"]["cycle"]["cycle_ms"] == 86.94
 
