@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -125,6 +126,7 @@ class _Out:
 
     def __init__(self, stream: str):
         self.rows, self.stream = [], Path(stream) if stream else None
+        self.failed: list[str] = []
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
@@ -197,9 +199,15 @@ def run_decode(args, comm: CommModel, out: _Out, start: float) -> None:
         for algorithm, batches in pass_:
             if not batches:
                 continue
-            for res in bench.sweep(algorithm, batches, args.cycles, args.warmup, deadline,
-                                   detail_batch=sweeps[algorithm][0]):
-                out.add(_decode_row(args, bench, res, comm, base, hbm))
+            try:  # one algorithm failing (a kernel, memory) must not cost the others their rows
+                for res in bench.sweep(algorithm, batches, args.cycles, args.warmup, deadline,
+                                       detail_batch=sweeps[algorithm][0]):
+                    out.add(_decode_row(args, bench, res, comm, base, hbm))
+            except Exception:  # noqa: BLE001 (reported, and raised at the end of the run)
+                traceback.print_exc()
+                out.failed.append(f"decode {algorithm} {batches}")
+                if args.device.startswith("cuda"):
+                    torch.cuda.empty_cache()
 
 
 def _decode_row(args, bench: DecodeBench, res, comm: CommModel, base: dict,
@@ -241,9 +249,21 @@ def run_prefill(args, comm: CommModel, out: _Out) -> None:
                          "keep" if fast else "dequantize", _dtypes(dtype), fast, args.seed)
     print(f"CP rank {args.rank} of {args.tp} drawn in {time.perf_counter() - t:.1f} s",
           flush=True)
-    res = bench.measure(args.prefill_tokens, args.prefill_warmup)
     base = _base(args, bench.runner.model.cfg, prefill_backends(fast), False)
-    out.add(prefill_row(res, comm, base, None))
+    tokens = args.prefill_tokens
+    while True:
+        try:
+            res = bench.measure(tokens, args.prefill_warmup)
+            break
+        except torch.OutOfMemoryError:  # a row at half the prompt beats none (labelled)
+            if tokens <= args.prefill_warmup or tokens < 2 * args.tp:
+                raise
+            print(f"out of memory at {tokens} tokens; trying {tokens // 2}", flush=True)
+            torch.cuda.empty_cache()
+            tokens //= 2
+            out.failed.append(f"prefill at {tokens * 2} tokens (out of memory)")
+    out.add({**prefill_row(res, comm, base, None),
+             "requested_input_len": args.prefill_tokens})
 
 
 def run(argv: list[str] | None = None) -> list[dict]:
@@ -260,4 +280,6 @@ def run(argv: list[str] | None = None) -> list[dict]:
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
         run_prefill(args, comm, out)
+    if out.failed:
+        raise RuntimeError(f"{len(out.rows)} rows written to the stream; failed: {out.failed}")
     return out.rows
