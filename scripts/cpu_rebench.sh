@@ -2,7 +2,8 @@
 # Regenerates every CPU row of data/bench/ (tiny model, torch ops; small runs: a 2-core machine):
 #
 #   bash scripts/cpu_rebench.sh                # rows to data/bench/, logs to data/bench/logs/
-#   OUT=/dir bash scripts/cpu_rebench.sh [STAGE ...]   # stages: engine spec tp serve (default all)
+#   OUT=/dir bash scripts/cpu_rebench.sh [STAGE ...]   # stages: engine spec tp reference serve
+#                                                      # (default all)
 #
 # Each stage replaces its files (a rerun does not append to an older run) and tees its output to
 # $OUT/logs/cpu-<stage>.log. Rows carry their provenance (glmlab.bench.provenance): run it from a
@@ -13,7 +14,7 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-data/bench}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
-STAGES=${*:-engine spec tp serve}
+STAGES=${*:-engine spec tp reference serve}
 mkdir -p "$OUT/logs"
 export PYTHONUNBUFFERED=1 GLMLAB_CACHE_DIR=${GLMLAB_CACHE_DIR:-$(mktemp -d)}
 T1="--cpu-threads 1"
@@ -52,6 +53,15 @@ stage_tp() {
     REHEARSE=1 OUT=$work PY=$PY bash scripts/h200x4_decode_ladder.sh "$s"
     cp "$work/tp-decode-cpu-rehearsal-$s.jsonl" "$OUT/"
   done
+  rm -rf "$work"
+}
+
+stage_reference() {
+  # scripts/h200_reference_point.sh rehearsed: rank 0 of TP2 / CP2 of the tiny model, torch ops
+  local work; work=$(mktemp -d)
+  fresh reference_point-cpu-rehearsal.jsonl
+  REHEARSE=1 OUT=$work PY=$PY bash scripts/h200_reference_point.sh || { rm -rf "$work"; return 1; }
+  cp "$work/reference_point.jsonl" "$OUT/reference_point-cpu-rehearsal.jsonl"
   rm -rf "$work"
 }
 

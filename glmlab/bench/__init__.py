@@ -7,5 +7,8 @@
 - ``ops`` (``ops_moe``, ``ops_dsa``, ``ops_cp``): kernel and CP-prefill timings; ``cp_report``
   reads the CP rows next to the reference deployment's prefill ladder;
 - ``serving``, ``client``, ``workloads``, ``metrics``: ``glmlab bench`` against an HTTP server;
-- ``routing``: MoE routing samples captured from a model run (for ``glmlab tune moe``).
+- ``routing``: MoE routing samples captured from a model run (for ``glmlab tune moe``);
+- ``reference_point`` (``reference_decode``, ``reference_prefill``, ``reference_layout``,
+  ``reference_rows``, ``reference_report``, ``layer_timer``): the reference deployment's decode and
+  prefill points on one emulated rank; ``ops_comm``: NCCL collective times for the comm model.
 """

@@ -29,6 +29,8 @@ OPS["moe"] = "glmlab.bench.ops_moe:run"
 OPS["cp"] = "glmlab.bench.ops_cp:run"
 OPS["dsa"] = "glmlab.bench.ops_dsa:run"
 OPS["decode"] = "glmlab.bench.ops_decode:run"
+OPS["comm"] = "glmlab.bench.ops_comm:run"
+OPS["reference_point"] = "glmlab.bench.reference_point:run"
 
 
 def register(name: str, target: str) -> None:

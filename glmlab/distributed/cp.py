@@ -42,6 +42,8 @@ from glmlab.model.kda import KDAttention
 from glmlab.model.moe import MoE
 from glmlab.model.plan import ForwardPlan
 
+SELECT_SCORES_BUDGET = 1 << 28  # fp32 indexer scores per selection chunk (1 GiB)
+
 
 @dataclass(frozen=True)
 class CPConfig:
@@ -114,8 +116,14 @@ def _select(m: DSAttention, i: int, plan: ForwardPlan, cache: ModelCache, q, w,
     num_pools = end // d.index_kpool
     pool_slots = plan.context_slots[i][: num_pools * d.index_kpool: d.index_kpool]
     keys = cache.read_pool_keys(m.layer_idx, pool_slots // d.index_kpool, key_dtype)
-    scores = indexer_scores_ref(q, keys, w, d.index_head_dim**-0.5)
-    return select_ref(scores, pos, d.topk_pools, d.index_kpool, d.always_select_tail)
+    # queries in chunks: the reference scores are [n, HI, P] fp32 (64K tokens: 16K queries x 32
+    # heads x 16K pools would be 34 GB at once); selection is per query, so chunks change nothing
+    step = max(1, SELECT_SCORES_BUDGET // max(1, keys.shape[0] * q.shape[1]))
+    return torch.cat([select_ref(indexer_scores_ref(q[s:s + step], keys, w[s:s + step],
+                                                    d.index_head_dim**-0.5),
+                                 pos[s:s + step], d.topk_pools, d.index_kpool,
+                                 d.always_select_tail)
+                      for s in range(0, max(1, q.shape[0]), step)])
 
 
 def _pad_cat(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -126,7 +134,10 @@ def _pad_cat(rows: list[torch.Tensor]) -> torch.Tensor:
 class CPPrefill:
     """A model transformed in place for interleaved CP on this rank, and how to run it."""
 
-    def __init__(self, model: GLM5Model, groups: ProcessGroups, cfg: CPConfig | None = None):
+    def __init__(self, model: GLM5Model, groups: ProcessGroups, cfg: CPConfig | None = None,
+                 wrap: bool = True):
+        """``wrap=False``: leave the layers as they are (a caller that materialises the model
+        layer by layer wraps each one with ``wrap_layer`` as it goes)."""
         info, self.cfg = groups.info, cfg or CPConfig()
         if info.tp_size not in (1, info.cp_size) or info.ep_size not in (1, info.cp_size):
             raise ValueError(f"CP prefill needs tp and ep to be 1 or the CP size: {info}")
@@ -135,17 +146,22 @@ class CPPrefill:
         self.model, self.info = model, info
         self.comm = CPComm(groups.cp, info.cp_size, info.cp_rank)
         self.config = shard_config(model.cfg, info.tp_size)  # what this rank's cache holds
-        tp = info.tp_size > 1
-        for layer in model.layers:
-            attn = layer.self_attn
-            if isinstance(attn, KDAttention):
-                inner = shard_kda(attn, model.cfg, info.tp_rank, info.tp_size) if tp else attn
-                layer.self_attn = CPKDAttention(inner, self.comm, head_parallel=tp)
-            else:
-                layer.self_attn = CPDSAttention(attn, self.comm)
-            if isinstance(layer.mlp, MoE) and info.ep_size == info.cp_size:
-                layer.mlp = EPMoE(layer.mlp, self.comm, self.cfg.moe_dispatch,
-                                  self.cfg.packet_kernels)
+        if wrap:
+            for layer in model.layers:
+                self.wrap_layer(layer)
+
+    def wrap_layer(self, layer: nn.Module) -> None:
+        """Swap one decoder layer's attention (and MoE, when ep = cp) for the CP wrappers."""
+        info, tp = self.info, self.info.tp_size > 1
+        attn = layer.self_attn
+        if isinstance(attn, KDAttention):
+            inner = shard_kda(attn, self.model.cfg, info.tp_rank, info.tp_size) if tp else attn
+            layer.self_attn = CPKDAttention(inner, self.comm, head_parallel=tp)
+        else:
+            layer.self_attn = CPDSAttention(attn, self.comm)
+        if isinstance(layer.mlp, MoE) and info.ep_size == info.cp_size:
+            layer.mlp = EPMoE(layer.mlp, self.comm, self.cfg.moe_dispatch,
+                              self.cfg.packet_kernels)
 
     def new_cache(self, num_token_slots: int, num_state_slots: int, page_size: int = 64,
                   dtypes: CacheDtypes | None = None) -> ModelCache:

@@ -10,6 +10,10 @@ the next one. The result equals ``apply_tp(load_model(write_random_checkpoint(co
 fp8=fp8, device=D)), groups)`` parameter for parameter (the test checks it on the tiny model);
 at most one unsharded block (one MoE layer: ~7 GB FP8, ~20 GB while its fp32 stack is drawn) is
 resident besides the shards.
+
+``random_cp_prefill`` does the same for a rank of interleaved CP prefill (``cp.CPPrefill``): each
+decoder layer is drawn whole, then wrapped for CP (its KDA heads and routed experts split) before
+the next one is drawn.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import nn
 
 from glmlab.checkpoint.writer import fp8_parameter_names, random_parameter, stored_in_fp32
 from glmlab.config import ModelConfig
+from glmlab.distributed.cp import CPConfig, CPPrefill
 from glmlab.distributed.parallel import ProcessGroups
 from glmlab.distributed.tp import check_layout, shard_block, tp_config
 from glmlab.kernels.fp8.ref import dequant_block_fp8, quant_block_fp8
@@ -54,6 +59,26 @@ def random_tp_model(config: dict | ModelConfig, groups: ProcessGroups, seed: int
     if tp > 1:
         model.cfg = tp_config(cfg, tp)
     return model.eval()
+
+
+def random_cp_prefill(config: dict | ModelConfig, groups: ProcessGroups,
+                      cp: CPConfig | None = None, seed: int = 0, fp8: bool = False,
+                      fp8_mode: Literal["dequantize", "keep"] = "keep",
+                      dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> CPPrefill:
+    """This rank's ``CPPrefill`` over the random model of ``random_tp_model``'s arguments (no MTP
+    layer: CP prefill does not run it), equal to ``CPPrefill(load_model(...), groups, cp)``."""
+    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    with torch.device("meta"):
+        model = GLM5Model(cfg, with_mtp=False)
+    draw = _Drawer(seed, fp8_parameter_names(model) if fp8 else set(), fp8_mode, dtype,
+                   torch.device(device), cfg.fp8.block if cfg.fp8 else (128, 128))
+    for name in ("embed_tokens", "norm", "lm_head"):
+        draw.module(getattr(model, name), name)
+    runner = CPPrefill(model.eval(), groups, cp, wrap=False)
+    for i, layer in enumerate(model.layers):
+        draw.module(layer, f"layers.{i}")
+        runner.wrap_layer(layer)
+    return runner
 
 
 class _Drawer:

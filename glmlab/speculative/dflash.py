@@ -30,6 +30,8 @@ from glmlab.speculative.draft_kv import DraftKVStore
 from glmlab.speculative.selector import CandidateSelector
 from glmlab.speculative.types import CacheLayout, Proposal, SpecRequest, TargetStates
 
+CONTEXT_ROWS_PER_CHUNK = 1 << 21  # draft context rows gathered at once (DraftLayer.forward_store)
+
 
 def rope_neox(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """x [..., H, Dh] rotated by positions [...] (first half / second half pairs)."""
@@ -60,6 +62,11 @@ class DraftAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor,
                 ctx_v: torch.Tensor, ctx_valid: torch.Tensor) -> torch.Tensor:
         """x [N, B, D]; ctx_k, ctx_v [N, L, HKV, Dh]; ctx_valid [N, L] -> [N, B, D]."""
+        return self.o_proj(self.attend(x, positions, ctx_k, ctx_v, ctx_valid))
+
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor,
+               ctx_v: torch.Tensor, ctx_valid: torch.Tensor) -> torch.Tensor:
+        """``forward`` without the output projection: [N, B, H * Dh]."""
         c = self.cfg
         n, b, _ = x.shape
         q = self.q_norm(self.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim)))
@@ -68,9 +75,13 @@ class DraftAttention(nn.Module):
         keys = torch.cat([ctx_k.to(x.dtype), k], dim=1).transpose(1, 2)  # [N, HKV, L+B, Dh]
         vals = torch.cat([ctx_v.to(x.dtype), v], dim=1).transpose(1, 2)
         valid = torch.cat([ctx_valid, ctx_valid.new_ones(n, b)], dim=1)  # block: non-causal
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals,
-                                           attn_mask=valid[:, None, None, :], enable_gqa=True)
-        return self.o_proj(o.transpose(1, 2).flatten(2))
+        # grouped-query attention with the G = H / HKV query heads of a KV head folded into the
+        # query axis (query head h reads KV head h // G, as enable_gqa would have it): the keys
+        # are never repeated G times (at 64K context that copy is G x the context K/V)
+        g = c.num_heads // c.num_kv_heads
+        qg = q.transpose(1, 2).reshape(n, c.num_kv_heads, g * b, c.head_dim)
+        o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=valid[:, None, None, :])
+        return o.view(n, c.num_heads, b, c.head_dim).transpose(1, 2).flatten(2)
 
 
 class DraftLayer(nn.Module):
@@ -84,6 +95,24 @@ class DraftLayer(nn.Module):
 
     def forward(self, x, positions, ctx_k, ctx_v, ctx_valid):
         x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, ctx_valid)
+        return self.ffn(x)
+
+    def forward_store(self, x: torch.Tensor, positions: torch.Tensor, kv: DraftKVStore,
+                      index: int, ctx_slots: torch.Tensor, rows_per_chunk: int) -> torch.Tensor:
+        """``forward`` with layer ``index``'s context K/V read from ``kv`` at ``ctx_slots``
+        [N, L] (-1 padded), a few requests at a time: the gathered context of every request at
+        once is N x L x HKV x Dh (132 requests at 64K, 2 KV heads of 128: 4.4 GB for K alone),
+        so at most ``rows_per_chunk`` context rows are materialised together. Same maths."""
+        h, valid = self.input_layernorm(x), ctx_slots >= 0
+        step = max(1, rows_per_chunk // max(1, ctx_slots.shape[1]))
+        parts = []
+        for s in range(0, x.shape[0], step):
+            k, v = kv.read(index, ctx_slots[s:s + step].clamp(min=0), x.dtype)
+            parts.append(self.self_attn.attend(h[s:s + step], positions[s:s + step], k, v,
+                                               valid[s:s + step]))
+        return self.ffn(x + self.self_attn.o_proj(torch.cat(parts)))
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
@@ -107,10 +136,8 @@ class DFlashDraftModel(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: DraftKVStore,
                 ctx_slots: torch.Tensor) -> torch.Tensor:
         """x [N, B, D] block embeddings; ctx_slots [N, L] token slots (-1 padded) -> [N, B, D]."""
-        valid = ctx_slots >= 0
         for i, layer in enumerate(self.layers):
-            ctx_k, ctx_v = kv.read(i, ctx_slots.clamp(min=0), x.dtype)
-            x = layer(x, positions, ctx_k, ctx_v, valid)
+            x = layer.forward_store(x, positions, kv, i, ctx_slots, CONTEXT_ROWS_PER_CHUNK)
         return self.norm(x)
 
 
