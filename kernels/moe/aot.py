@@ -205,8 +205,7 @@ def compile_gluon(cfg, kind: str, act: str = "bf16") -> Compiled:
                             "stride_bse", "stride_bsn", "stride_om", "stride_osm"], "i32")
     constexprs = dict(UP=up, PRECISE=True, FP8_MAX_C=448.0, INV_FP8_MAX_C=INV_FP8_MAX,
                       ACT=getattr(tl, {"bf16": "bfloat16"}.get(act, act)), STAGES=cfg.stages,
-                      GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-                      PRODUCER_REGS=cfg.producer_regs)
+                      GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs)
     if not up:
         constexprs["stride_osm"] = 0
     fn = gg._gluon_grouped_kernel

@@ -62,10 +62,9 @@ SMEM_LIMIT = 227 * 1024
 class GluonConfig:
     """One launch of the warp-specialised kernel: pipeline depth, tile order, registers."""
 
-    stages: int = 4
+    stages: int = 3
     group_m: int = 16
-    consumer_regs: int = 232
-    producer_regs: int = 40
+    consumer_regs: int = 216
 
     @property
     def block_m(self) -> int:
@@ -74,11 +73,13 @@ class GluonConfig:
     def short(self) -> str:
         return f"GL{TILE_M}x2x{HALF}s{self.stages}G{self.group_m}r{self.consumer_regs}"
 
-    def smem_bytes(self) -> int:
-        return self.stages * (TILE_M + 2 * HALF) * STEP_K + 2 * WG_M * HALF * 2 + 1024
+    def smem_bytes(self, up: bool) -> int:
+        epi = 2 * WG_M * HALF * (1 if up else 2)
+        return self.stages * ((TILE_M + 2 * HALF) * STEP_K + 2 * TILE_M * 4) + epi + 256
 
 
 EPI_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16))
+SCALE_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 Q_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8))
 
 # Registers: 3 warpgroups (2 consumers + the producer's) share 64K; launched at
@@ -124,20 +125,33 @@ def _half_rows(expert, pid_n, N, b_rows_per_expert, UP: gl.constexpr):
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_smem, b_smem, full, empty, expert_ids_ptr, num_padded_ptr,
-              N, K, b_rows_per_expert, UP: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr):
+def _loader(a_desc, b_desc, a_smem, b_smem, scale_smem, full, empty, a_scale_ptr, b_scale_ptr,
+            expert_ids_ptr, num_padded_ptr, N, K, b_rows_per_expert, stride_asm, stride_bse,
+            stride_bsn, UP: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    # The default partition (4 warps). Per (tile, K step), once the stage is free: one thread
+    # issues the four TMA loads (A rows 0-63 / 64-127, the weight halves) completing on
+    # ``full``; every thread writes a_scale[row] * b_scale[half] of its row into the stage's
+    # scale slots (loaded before the wait, so their latency hides under it) and the partition
+    # arrives on ``full`` once (count 2: the TMA bytes + this arrive; its release orders the
+    # stores before the consumers' acquire).
+    blk: gl.constexpr = gl.BlockedLayout([BLOCK_M // 128], [32], [4], [0])
+    nbytes: gl.constexpr = 2 * SUB_M * BLOCK_K + 2 * HALF_N * BLOCK_K
     num_m, num_n = _num_tiles(num_padded_ptr, N, UP)
     num_k = K // BLOCK_K
-    nbytes: gl.constexpr = 2 * SUB_M * BLOCK_K + 2 * HALF_N * BLOCK_K
+    r = gl.arange(0, BLOCK_M, layout=blk)
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
         expert = gl.load(expert_ids_ptr + pid_m)
         r0, r1, s0, s1 = _half_rows(expert, pid_n, N, b_rows_per_expert, UP)
         row = pid_m * BLOCK_M
+        as_ptrs = a_scale_ptr + (row + r).to(gl.int64) * stride_asm
+        bs_ptr = b_scale_ptr + expert.to(gl.int64) * stride_bse
         for kb in range(num_k):
             s = it % STAGES
+            a_s = gl.load(as_ptrs + kb)
+            b0 = gl.load(bs_ptr + s0 * stride_bsn + kb)
+            b1 = gl.load(bs_ptr + s1 * stride_bsn + kb)
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             bar = full.index(s)
             mbarrier.expect(bar, nbytes)
@@ -146,6 +160,9 @@ def _producer(a_desc, b_desc, a_smem, b_smem, full, empty, expert_ids_ptr, num_p
             tma.async_copy_global_to_shared(a_desc, [row + SUB_M, k], bar, a_smem.index(2 * s + 1))
             tma.async_copy_global_to_shared(b_desc, [r0, k], bar, b_smem.index(2 * s))
             tma.async_copy_global_to_shared(b_desc, [r1, k], bar, b_smem.index(2 * s + 1))
+            scale_smem.index(2 * s).store(a_s * b0)
+            scale_smem.index(2 * s + 1).store(a_s * b1)
+            mbarrier.arrive(bar)
             it += 1
 
 
@@ -172,9 +189,8 @@ def _swiglu_quant(gate, up, limit, FP8_MAX_C: gl.constexpr, INV_FP8_MAX_C: gl.co
 
 
 @gluon.jit
-def _consumer(epi_smem, a_smem, b_smem, full, empty, a_scale_ptr, b_scale_ptr, out_ptr, out_scale_ptr,
-              route_w_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_pairs, N, K,
-              b_rows_per_expert, limit, stride_asm, stride_bse, stride_bsn, stride_om,
+def _consumer(epi_smem, a_smem, b_smem, scale_smem, full, empty, out_ptr, out_scale_ptr,
+              route_w_ptr, sorted_ids_ptr, num_padded_ptr, num_pairs, N, K, limit, stride_om,
               stride_osm, WG: gl.constexpr, UP: gl.constexpr, PRECISE: gl.constexpr,
               FP8_MAX_C: gl.constexpr, INV_FP8_MAX_C: gl.constexpr, ACT: gl.constexpr,
               STAGES: gl.constexpr, GROUP_M: gl.constexpr):
@@ -190,24 +206,21 @@ def _consumer(epi_smem, a_smem, b_smem, full, empty, a_scale_ptr, b_scale_ptr, o
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
-        expert = gl.load(expert_ids_ptr + pid_m)
-        _r0, _r1, s0, s1 = _half_rows(expert, pid_n, N, b_rows_per_expert, UP)
         first = pid_m * BLOCK_M + WG * SUB_M
         rows = first + gl.arange(0, SUB_M, layout=rows_l)
         # an expert's real rows come first: a warpgroup whose first row is padding has none
         active = gl.load(sorted_ids_ptr + first) < num_pairs
-        as_ptrs = a_scale_ptr + rows.to(gl.int64) * stride_asm
-        bs_base = b_scale_ptr + expert.to(gl.int64) * stride_bse
         acc0 = zero
         acc1 = zero
         for kb in range(num_k):
             s = it % STAGES
-            # scales first: their loads run under the wait and the MMA
-            a_s = gl.load(as_ptrs + kb)
-            sc0 = gl.expand_dims(a_s * gl.load(bs_base + s0 * stride_bsn + kb), 1)
-            sc1 = gl.expand_dims(a_s * gl.load(bs_base + s1 * stride_bsn + kb), 1)
             mbarrier.wait(full.index(s), (it // STAGES) & 1)
             if active:
+                # a_scale[row] * b_scale of each half, from the scale warp
+                sc0 = gl.expand_dims(scale_smem.index(2 * s).slice(WG * SUB_M, SUB_M)
+                                     .load(rows_l), 1)
+                sc1 = gl.expand_dims(scale_smem.index(2 * s + 1).slice(WG * SUB_M, SUB_M)
+                                     .load(rows_l), 1)
                 a = a_smem.index(2 * s + WG)
                 # d: one register block reused by every MMA (use_acc=False ignores its value;
                 # passing the dead tile instead of a constant keeps the wgmma's 64 output
@@ -230,9 +243,8 @@ def _consumer(epi_smem, a_smem, b_smem, full, empty, a_scale_ptr, b_scale_ptr, o
         if UP:  # pad rows too (zeros), so every aligned row down reads is defined
             q, scale = _swiglu_quant(acc0, acc1, limit, FP8_MAX_C, INV_FP8_MAX_C, PRECISE, ACT)
             gl.store(out_scale_ptr + rows.to(gl.int64) * stride_osm + pid_n, scale)
-            q8 = epi_smem._reinterpret(gl.float8e4nv, [SUB_M, HALF_N], Q_SMEM)
-            q8.store(q.to(gl.float8e4nv))
-            _rows_out(q8, out_ptr, first, pid_n * HALF_N, stride_om, sorted_ids_ptr, num_pairs,
+            epi_smem.store(q.to(gl.float8e4nv))
+            _rows_out(epi_smem, out_ptr, first, pid_n * HALF_N, stride_om, sorted_ids_ptr, num_pairs,
                       16, False)
         else:  # weighted scatter to pair rows; pad slots have no destination
             pair = gl.load(sorted_ids_ptr + rows)
@@ -273,32 +285,36 @@ def _gluon_grouped_kernel(
     stride_asm, stride_bse, stride_bsn, stride_om, stride_osm,
     UP: gl.constexpr, PRECISE: gl.constexpr, FP8_MAX_C: gl.constexpr,
     INV_FP8_MAX_C: gl.constexpr, ACT: gl.constexpr, STAGES: gl.constexpr,
-    GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
 ):
     a_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * STAGES, SUB_M, BLOCK_K], a_desc.layout)
     b_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * STAGES, HALF_N, BLOCK_K],
                                        b_desc.layout)
-    # one epilogue tile per consumer warpgroup (bf16 [64, 128]; gate_up reuses it as E4M3)
-    epi_smem = gl.allocate_shared_memory(gl.bfloat16, [2, SUB_M, HALF_N], EPI_SMEM)
+    # one epilogue tile per consumer warpgroup: E4M3 h (gate_up) or bf16 output (down)
+    if UP:
+        epi_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, SUB_M, HALF_N], Q_SMEM)
+    else:
+        epi_smem = gl.allocate_shared_memory(gl.bfloat16, [2, SUB_M, HALF_N], EPI_SMEM)
+    # per stage and half: a_scale[row] * b_scale for the tile's 128 rows
+    scale_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], SCALE_SMEM)
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
-        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(full.index(i), count=2)  # the TMA bytes + the scale warp
         mbarrier.init(empty.index(i), count=2)  # one arrive per consumer warpgroup
     gl.warp_specialize([
-        (_consumer, (epi_smem.index(0), a_smem, b_smem, full, empty, a_scale_ptr, b_scale_ptr,
-                     out_ptr, out_scale_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr,
-                     num_padded_ptr, num_pairs, N, K, b_rows_per_expert, limit, stride_asm,
-                     stride_bse, stride_bsn, stride_om, stride_osm, 0, UP, PRECISE, FP8_MAX_C,
+        (_loader, (a_desc, b_desc, a_smem, b_smem, scale_smem, full, empty, a_scale_ptr,
+                   b_scale_ptr, expert_ids_ptr, num_padded_ptr, N, K, b_rows_per_expert,
+                   stride_asm, stride_bse, stride_bsn, UP, STAGES, GROUP_M)),
+        (_consumer, (epi_smem.index(0), a_smem, b_smem, scale_smem, full, empty, out_ptr,
+                     out_scale_ptr, route_w_ptr, sorted_ids_ptr, num_padded_ptr, num_pairs, N,
+                     K, limit, stride_om, stride_osm, 0, UP, PRECISE, FP8_MAX_C,
                      INV_FP8_MAX_C, ACT, STAGES, GROUP_M)),
-        (_consumer, (epi_smem.index(1), a_smem, b_smem, full, empty, a_scale_ptr, b_scale_ptr,
-                     out_ptr, out_scale_ptr, route_w_ptr, sorted_ids_ptr, expert_ids_ptr,
-                     num_padded_ptr, num_pairs, N, K, b_rows_per_expert, limit, stride_asm,
-                     stride_bse, stride_bsn, stride_om, stride_osm, 1, UP, PRECISE, FP8_MAX_C,
+        (_consumer, (epi_smem.index(1), a_smem, b_smem, scale_smem, full, empty, out_ptr,
+                     out_scale_ptr, route_w_ptr, sorted_ids_ptr, num_padded_ptr, num_pairs, N,
+                     K, limit, stride_om, stride_osm, 1, UP, PRECISE, FP8_MAX_C,
                      INV_FP8_MAX_C, ACT, STAGES, GROUP_M)),
-        (_producer, (a_desc, b_desc, a_smem, b_smem, full, empty, expert_ids_ptr,
-                     num_padded_ptr, N, K, b_rows_per_expert, UP, STAGES, GROUP_M)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    ], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
 
 
 # ---- host side ----
@@ -329,8 +345,8 @@ def _check(cfg: GluonConfig, align: AlignedPairs, a: torch.Tensor, w: torch.Tens
     if a.shape[0] != align.max_rows or not a.is_contiguous():
         raise ValueError(f"A must hold the {align.max_rows} aligned rows (contiguous), got "
                          f"{tuple(a.shape)}")
-    if cfg.smem_bytes() > SMEM_LIMIT:
-        raise ValueError(f"{cfg.short()} needs {cfg.smem_bytes()} B of shared memory")
+    if cfg.smem_bytes(up) > SMEM_LIMIT:
+        raise ValueError(f"{cfg.short()} needs {cfg.smem_bytes(up)} B of shared memory")
 
 
 def _launch(a, a_scale, w, w_scale, out, out_scale, route_w, align, cfg: GluonConfig, up,
@@ -353,7 +369,7 @@ def _launch(a, a_scale, w, w_scale, out, out_scale, route_w, align, cfg: GluonCo
         out_scale.stride(0) if up else 0,
         UP=up, PRECISE=True, FP8_MAX_C=FP8_MAX, INV_FP8_MAX_C=INV_FP8_MAX, ACT=_ACT[act],
         STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=MAXNREG)
+        num_warps=4, maxnreg=MAXNREG)
 
 
 def gluon_up(a8: torch.Tensor, a_scale: torch.Tensor, w13: torch.Tensor,
