@@ -42,6 +42,8 @@ from glmlab.kernels.moe import peers
 from glmlab.kernels.moe.act_triton import combine
 from glmlab.kernels.moe.configs import MoEShape, choose_config, read_table
 from glmlab.kernels.moe.fused_grouped import (
+    GLUON_CANDIDATES,
+    GLUON_PREFILL,
     GROUPED_CANDIDATES,
     PREFILL,
     choose_grouped,
@@ -50,6 +52,7 @@ from glmlab.kernels.moe.fused_grouped import (
 )
 from glmlab.kernels.moe.fused_moe import device_name, fused_moe
 from glmlab.kernels.moe.gemm_triton import moe_gemm_down, moe_gemm_up
+from glmlab.kernels.moe.grouped_gluon import gluon_down, gluon_up
 from glmlab.kernels.moe.grouped_triton import GroupedConfig, grouped_down, grouped_up
 from glmlab.kernels.moe.permute_triton import gather_quant
 from glmlab.kernels.moe.ref import moe_experts_fp8_ref
@@ -70,6 +73,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--candidates", default="all", choices=("all", "default"))
     p.add_argument("--ws", choices=("with", "without", "only"), default="with",
                    help="warp-specialised candidates; only: just those GEMM rows")
+    p.add_argument("--gluon", choices=("with", "without", "only"), default="with",
+                   help="the warp-specialised Gluon kernels (only: just their rows + checks)")
     p.add_argument("--check-m", type=int, default=64, help="M of the numerics check rows")
     p.add_argument("--time-budget", type=float, help="seconds; later cases are skipped")
     p.add_argument("--stream", help="append each case's rows to this JSONL file as it goes")
@@ -176,6 +181,29 @@ def bench_grouped(c: Case, candidates: list[GroupedConfig], proj: str, default: 
             c.best[key] = (us, cfg)
 
 
+def bench_gluon(c: Case, proj: str):
+    """The warp-specialised Gluon kernel (grouped_gluon): every GLUON_CANDIDATES config."""
+    p = c.p
+    al = c.align(128)
+    if proj == "up":
+        a, a_s = gather_quant(c.x, al)
+        inc = "gate_up GEMM + clamped SwiGLU + FP8 requant epilogue (E4M3 out); Gluon WS"
+    else:
+        a, a_s = c.h8(128)
+        inc = "down GEMM + routing weight + scatter to pair rows; Gluon WS"
+    for i, cfg in enumerate(GLUON_CANDIDATES[proj]):
+        if proj == "up":
+            fn = (lambda cfg=cfg: gluon_up(a, a_s, p.w13, p.w13_scale, al, cfg, p.limit))
+        else:
+            fn = (lambda cfg=cfg: gluon_down(a, a_s, p.w2, p.w2_scale, c.w, al, cfg,
+                                             torch.bfloat16))
+        us = c.gemm_row(proj, "glmlab_gluon", fn, inc, config=cfg.short(),
+                        untuned_choice=i == 0)
+        key = ("gluon", proj)
+        if us is not None and (key not in c.best or us < c.best[key][0]):
+            c.best[key] = (us, cfg)
+
+
 def bench_previous(c: Case, table):
     p = c.p
     up_cfg, down_cfg = choose_config(c.m, table)
@@ -261,6 +289,21 @@ def bench_torch(c: Case):
         a, a_s, p.w13, p.w13_scale, offs), "F.scaled_grouped_mm, block scales, pre-gathered")
 
 
+def bench_gluon_pipeline(c: Case):
+    p = c.p
+    c.moe_row("glmlab_gluon", lambda: fused_moe_grouped(
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, GLUON_PREFILL),
+        "align + gather-quant + up/act/requant + down + combine (Gluon WS GEMMs)",
+        config=f"{GLUON_PREFILL[0].short()}/{GLUON_PREFILL[1].short()}")
+    if ("gluon", "up") in c.best and ("gluon", "down") in c.best:
+        cfgs = (c.best[("gluon", "up")][1], c.best[("gluon", "down")][1])
+        if cfgs != GLUON_PREFILL:
+            c.moe_row("glmlab_gluon_best", lambda: fused_moe_grouped(
+                c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, cfgs),
+                "as glmlab_gluon, configs: best Gluon GEMM rows of this case",
+                config=f"{cfgs[0].short()}/{cfgs[1].short()}")
+
+
 def bench_pipelines(c: Case):
     p = c.p
     default = choose_grouped(c.m, p.shape.num_experts, p.shape.top_k)
@@ -279,12 +322,19 @@ def bench_pipelines(c: Case):
             config=f"{cfgs[0].short()}/{cfgs[1].short()}")
 
 
-def check_numerics(c: Case, module, tables) -> list[dict]:
+def check_numerics(c: Case, module, tables, gluon: bool = True, others: bool = True
+                   ) -> list[dict]:
     p = c.p
     ref = moe_experts_fp8_ref(c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale,
                               p.limit).float()
-    outs = {"glmlab_grouped": lambda: fused_moe_grouped(
-        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit)}
+    outs = {}
+    if gluon:
+        outs["glmlab_gluon"] = lambda: fused_moe_grouped(
+            c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, GLUON_PREFILL)
+    if not others:
+        return _check_rows(c, ref, outs)
+    outs["glmlab_grouped"] = lambda: fused_moe_grouped(
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit)
     outs["glmlab_grouped_prefill_tiles"] = lambda: fused_moe_grouped(
         c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, PREFILL)
     outs["glmlab_previous"] = lambda: fused_moe(c.x, c.ids, c.w, p.w13, p.w2, p.limit,
@@ -292,6 +342,10 @@ def check_numerics(c: Case, module, tables) -> list[dict]:
     if module is not None:
         sg = peers.SGLangMoE(module, *tables, c.m)
         outs["sglang"] = lambda: sglang_moe(c, sg, c.align(sg.up_cfg["BLOCK_SIZE_M"]))
+    return _check_rows(c, ref, outs)
+
+
+def _check_rows(c: Case, ref: torch.Tensor, outs: dict) -> list[dict]:
     rows = []
     for name, fn in outs.items():
         row = dict(op="check", variant=name, **c.base)
@@ -362,29 +416,43 @@ def run(argv: list[str]) -> list[dict]:
                 continue
             meta[0] = machine()
             c = Case(p, _route(m, e, samples, seed=m), m, ceil, timer, emit)
-            default = choose_grouped(m, e, p.shape.top_k)
-            for i, proj in enumerate(("up", "down")):
-                cands = [] if args.candidates == "default" else [
-                    g for g in GROUPED_CANDIDATES[proj]
-                    if {"with": True, "without": not g.warp_specialize,
-                        "only": g.warp_specialize}[args.ws]]
-                if args.ws == "only":
-                    bench_grouped(c, cands, proj, cands[0])
-                    continue
-                bench_grouped(c, cands, proj, default[i])
-            if args.ws == "only":
-                continue
-            bench_previous(c, table)
-            if module is not None:
-                bench_sglang(c, module, tables, src)
-            bench_torch(c)
-            bench_pipelines(c)
-            if m == args.check_m:
-                for row in check_numerics(c, module, tables):
-                    emit(row)
+            run_case(c, args, module, table, tables, src)
             del c
             torch.cuda.empty_cache()
     return rows
+
+
+def run_case(c: Case, args, module, table, tables, src) -> None:
+    """One (E, M): the new Gluon kernel first (the risky variant; its rows land before the
+    rest), then the Triton grouped kernel's candidates, the previous kernel, the peers, the
+    whole-MoE pipelines and, at ``--check-m``, the numerics checks."""
+    gluon = args.gluon != "without" and c.p.shape.hidden % 256 == 0
+    if gluon:
+        for proj in ("up", "down"):
+            bench_gluon(c, proj)
+        bench_gluon_pipeline(c)
+    if args.gluon == "only":
+        if c.m == args.check_m:
+            for row in check_numerics(c, module, tables, gluon=True, others=False):
+                c.emit(row)
+        return
+    default = choose_grouped(c.m, c.p.shape.num_experts, c.p.shape.top_k)
+    for i, proj in enumerate(("up", "down")):
+        cands = [] if args.candidates == "default" else [
+            g for g in GROUPED_CANDIDATES[proj]
+            if {"with": True, "without": not g.warp_specialize,
+                "only": g.warp_specialize}[args.ws]]
+        bench_grouped(c, cands, proj, cands[0] if args.ws == "only" else default[i])
+    if args.ws == "only":
+        return
+    bench_previous(c, table)
+    if module is not None:
+        bench_sglang(c, module, tables, src)
+    bench_torch(c)
+    bench_pipelines(c)
+    if c.m == args.check_m:
+        for row in check_numerics(c, module, tables, gluon=gluon):
+            c.emit(row)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,10 @@ for bit the unfused path up to tensor-core accumulation order. Block-FP8 weights
 
 ``choose_grouped`` is the untuned tile choice by expected rows per local expert (decode: swap-AB
 16/32-row tiles; prefill: 128-row tiles with x pre-gathered for TMA); ``GROUPED_CANDIDATES`` are
-the configs the benchmark measures beside it. Nothing here reads tables or files.
+the configs the benchmark measures beside it. A ``GluonConfig`` pair (``GLUON_PREFILL``) runs
+both GEMMs on ``grouped_gluon``'s warp-specialised kernel instead (x gathered and quantised into
+128-aligned rows first); it is a benchmark/opt-in path until an H200 run has validated it, and
+needs a CUDA device (Gluon has no interpreter). Nothing here reads tables or files.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from glmlab.kernels.fp8.quant_triton import quant_act_fp8_triton
 from glmlab.kernels.moe.act_triton import combine
+from glmlab.kernels.moe.grouped_gluon import GluonConfig, gluon_down, gluon_up
 from glmlab.kernels.moe.grouped_triton import GroupedConfig, grouped_down, grouped_up
 from glmlab.kernels.moe.permute_triton import gather_quant
 from glmlab.kernels.moe.routing_triton import AlignedPairs, align_pairs
@@ -27,6 +31,15 @@ DECODE = (G(16, 128, 1, 4, 4, swap_ab=True), G(16, 128, 1, 4, 4, swap_ab=True))
 SMALL = (G(32, 128, 8, 4, 4, swap_ab=True), G(32, 128, 8, 4, 4, swap_ab=True))
 MEDIUM = (G(64, 128, 8, 8, 4), G(64, 128, 8, 4, 4))
 PREFILL = (G(128, 128, 8, 8, 3, gather_a=False), G(128, 128, 8, 8, 4))
+# warp-specialised Gluon kernel: gate_up 4 stages (217 KB of shared memory), down 3 (its bf16
+# epilogue tiles leave no room for a 4th under 227 KB)
+GLUON_PREFILL = (GluonConfig(stages=4), GluonConfig(stages=3))
+GLUON_CANDIDATES = {
+    "up": (GLUON_PREFILL[0], GluonConfig(stages=3), GluonConfig(stages=4, group_m=8),
+           GluonConfig(stages=4, group_m=32)),
+    "down": (GLUON_PREFILL[1], GluonConfig(stages=3, group_m=8),
+             GluonConfig(stages=3, group_m=32)),
+}
 
 # What the benchmark times per GEMM beside choose_grouped's pick (AOT-checked for sm_90:
 # aot.compile_grouped; warp_specialize only where Triton 3.6 accepts it, TMA operands).
@@ -63,10 +76,10 @@ def choose_grouped(num_tokens: int, num_experts: int, top_k: int
     return PREFILL
 
 
-def quant_for(x: torch.Tensor, align: AlignedPairs, up_cfg: GroupedConfig
+def quant_for(x: torch.Tensor, align: AlignedPairs, up_cfg: GroupedConfig | GluonConfig
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """The gate_up GEMM's A operand: x quantised per token, or gathered into aligned rows."""
-    if up_cfg.gather_a:
+    if isinstance(up_cfg, GroupedConfig) and up_cfg.gather_a:
         return quant_act_fp8_triton(x, 128)
     return gather_quant(x, align, 128)
 
@@ -74,7 +87,8 @@ def quant_for(x: torch.Tensor, align: AlignedPairs, up_cfg: GroupedConfig
 def fused_moe_grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                       w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                       w2_scale: torch.Tensor, limit: float,
-                      configs: tuple[GroupedConfig, GroupedConfig] | None = None,
+                      configs: tuple[GroupedConfig, GroupedConfig]
+                      | tuple[GluonConfig, GluonConfig] | None = None,
                       align: AlignedPairs | None = None) -> torch.Tensor:
     """Weighted sum of each token's routed experts (block-FP8 weights).
 
@@ -82,7 +96,8 @@ def fused_moe_grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
         x: [T, D] activations (bf16 in production).  ids: [T, A] expert ids (outside [0, E):
             skipped, another EP rank's experts).  weights: [T, A] routing weights.
         w13: [E, 2I, D] E4M3 + w13_scale [E, 2I/128, D/128]; w2: [E, D, I] E4M3 + w2_scale.
-        configs: (gate_up, down) sharing block_m; default ``choose_grouped``.
+        configs: (gate_up, down) sharing block_m; default ``choose_grouped``; a pair of
+            ``GluonConfig`` runs the warp-specialised Gluon kernels (CUDA only).
         align: a precomputed alignment at that block_m (benchmarks reuse one).
     Returns:
         [T, D] in x.dtype.
@@ -91,9 +106,15 @@ def fused_moe_grouped(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
     up_cfg, down_cfg = configs or choose_grouped(x.shape[0], w13.shape[0], ids.shape[1])
     if up_cfg.block_m != down_cfg.block_m:
         raise ValueError("gate_up and down configs must share block_m (one alignment)")
+    if isinstance(up_cfg, GluonConfig) != isinstance(down_cfg, GluonConfig):
+        raise ValueError("Gluon gate_up and down run as a pair (the scale layouts match)")
     if align is None:
         align = align_pairs(ids, w13.shape[0], up_cfg.block_m)
     xq, xs = quant_for(x, align, up_cfg)
+    if isinstance(up_cfg, GluonConfig):
+        h8, hs = gluon_up(xq, xs, w13, w13_scale, align, up_cfg, limit, x.dtype)
+        pair_out = gluon_down(h8, hs, w2, w2_scale, weights, align, down_cfg, x.dtype)
+        return combine(pair_out, ids, w13.shape[0])
     h8, hs = grouped_up(xq, xs, w13, w13_scale, align, up_cfg, limit, x.dtype)
     pair_out = grouped_down(h8, hs, w2, w2_scale, weights, align, down_cfg, x.dtype)
     return combine(pair_out, ids, w13.shape[0])

@@ -197,10 +197,8 @@ def _consumer(epi_smem, a_smem, b_smem, scale_smem, full, empty, out_ptr, out_sc
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, HALF_N, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
     num_m, num_n = _num_tiles(num_padded_ptr, N, UP)
     num_k = K // BLOCK_K
-    cols = gl.arange(0, HALF_N, layout=cols_l)
     zero = gl.zeros([SUB_M, HALF_N], gl.float32, mma)
     d = zero
     it = 0
@@ -212,11 +210,11 @@ def _consumer(epi_smem, a_smem, b_smem, scale_smem, full, empty, out_ptr, out_sc
         active = gl.load(sorted_ids_ptr + first) < num_pairs
         acc0 = zero
         acc1 = zero
-        for kb in range(num_k):
+        for _kb in range(num_k):
             s = it % STAGES
             mbarrier.wait(full.index(s), (it // STAGES) & 1)
             if active:
-                # a_scale[row] * b_scale of each half, from the scale warp
+                # a_scale[row] * b_scale of each half, written by the loader
                 sc0 = gl.expand_dims(scale_smem.index(2 * s).slice(WG * SUB_M, SUB_M)
                                      .load(rows_l), 1)
                 sc1 = gl.expand_dims(scale_smem.index(2 * s + 1).slice(WG * SUB_M, SUB_M)
@@ -244,8 +242,8 @@ def _consumer(epi_smem, a_smem, b_smem, scale_smem, full, empty, out_ptr, out_sc
             q, scale = _swiglu_quant(acc0, acc1, limit, FP8_MAX_C, INV_FP8_MAX_C, PRECISE, ACT)
             gl.store(out_scale_ptr + rows.to(gl.int64) * stride_osm + pid_n, scale)
             epi_smem.store(q.to(gl.float8e4nv))
-            _rows_out(epi_smem, out_ptr, first, pid_n * HALF_N, stride_om, sorted_ids_ptr, num_pairs,
-                      16, False)
+            _rows_out(epi_smem, out_ptr, first, pid_n * HALF_N, stride_om, sorted_ids_ptr,
+                      num_pairs, 16, False)
         else:  # weighted scatter to pair rows; pad slots have no destination
             pair = gl.load(sorted_ids_ptr + rows)
             w = gl.expand_dims(gl.load(route_w_ptr + pair, mask=pair < num_pairs, other=0.0), 1)

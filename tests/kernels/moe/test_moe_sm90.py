@@ -67,3 +67,33 @@ def test_grouped_kernels_compile_to_fp8_wgmma_with_tma():
         assert r["qgmma"] > 0 and r["utmaldg"] > 0 and r["shared"] <= 232448, r
     spills = {r["name"]: r["spill_stores"] for r in results}
     assert [n for n, s in spills.items() if s] in ([], ["up:M128N128G8w8s3c1T"]), spills
+
+
+_GLUON = """
+import json
+from glmlab.kernels.moe import aot
+from glmlab.kernels.moe.fused_grouped import GLUON_CANDIDATES
+out = []
+for kind, cfgs in GLUON_CANDIDATES.items():
+    for cfg in dict.fromkeys(c for c in cfgs if c.group_m == cfgs[0].group_m):
+        c = aot.compile_gluon(cfg, kind)
+        out.append(dict(name=f"{kind}:{cfg.short()}", shared=c.shared,
+                        limit=cfg.smem_bytes(kind == "up"), **aot.resource_usage(c),
+                        setmaxnreg=c.ptx.count("setmaxnreg")))
+print(json.dumps(out))
+"""
+
+
+def test_gluon_kernels_are_warp_specialised_fp8_wgmma_without_spills():
+    """The Gluon kernel (loader + two consumer warpgroups): FP8 wgmma (QGMMA: 4 per half per
+    warpgroup = 16), 4 TMA loads per stage, setmaxnreg register moves, no spills at 216
+    consumer registers, shared memory within sm_90's 227 KB and within the host-side
+    estimate the launcher checks against."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _GLUON], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for r in json.loads(done.stdout.strip().splitlines()[-1]):
+        assert r["qgmma"] == 16 and r["utmaldg"] == 4 and r["warp_specialized"], r
+        assert r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+        assert r["shared"] <= r["limit"] <= 232448, r
