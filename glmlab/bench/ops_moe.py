@@ -419,7 +419,20 @@ def run(argv: list[str]) -> list[dict]:
             run_case(c, args, module, table, tables, src)
             del c
             torch.cuda.empty_cache()
+    print_comparison(rows)
     return rows
+
+
+def print_comparison(rows: list[dict]) -> None:
+    """The kernel-to-kernel table (analysis.kernel_comparison) as fixed-width text."""
+    from glmlab.kernels.moe.analysis import kernel_comparison
+
+    table = kernel_comparison(rows)
+    cols = ("op", "E", "M", "proj", "kernel", "us", "tflops", "frac_fp8", "frac_hbm",
+            "x_sglang", "config")
+    print(" ".join(f"{c:>10}" for c in cols))
+    for r in table:
+        print(" ".join(f"{str(r[c]):>10}" for c in cols))
 
 
 def run_case(c: Case, args, module, table, tables, src) -> None:
