@@ -43,16 +43,20 @@ from glmlab.kernels.moe.act_triton import combine
 from glmlab.kernels.moe.configs import MoEShape, choose_config, read_table
 from glmlab.kernels.moe.fused_grouped import (
     GLUON_CANDIDATES,
+    GLUON_DECODE,
+    GLUON_DECODE_CANDIDATES,
     GLUON_PREFILL,
     GROUPED_CANDIDATES,
     PREFILL,
+    choose_gluon,
     choose_grouped,
     fused_moe_grouped,
     up_config_for,
 )
 from glmlab.kernels.moe.fused_moe import device_name, fused_moe
 from glmlab.kernels.moe.gemm_triton import moe_gemm_down, moe_gemm_up
-from glmlab.kernels.moe.grouped_gluon import gluon_down, gluon_up
+from glmlab.kernels.moe.grouped_gluon import GluonConfig, gluon_down, gluon_up
+from glmlab.kernels.moe.grouped_gluon_decode import gluon_decode_down, gluon_decode_up
 from glmlab.kernels.moe.grouped_triton import GroupedConfig, grouped_down, grouped_up
 from glmlab.kernels.moe.permute_triton import gather_quant
 from glmlab.kernels.moe.ref import moe_experts_fp8_ref
@@ -181,25 +185,40 @@ def bench_grouped(c: Case, candidates: list[GroupedConfig], proj: str, default: 
             c.best[key] = (us, cfg)
 
 
+def gluon_configs(c: Case, proj: str) -> list:
+    """Gluon candidates for this case: the 128-row kernel's always, the swapped (decode)
+    kernel's while an expert averages <= 64 rows (routes are over 288 experts); the untuned
+    choice (``choose_gluon``) first."""
+    default = choose_gluon(c.m, 288, c.p.shape.top_k)[0 if proj == "up" else 1]
+    cands = list(GLUON_CANDIDATES[proj])
+    if c.m * c.p.shape.top_k / 288 <= 64:
+        cands += GLUON_DECODE_CANDIDATES[proj]
+    return list(dict.fromkeys([default, *cands]))
+
+
 def bench_gluon(c: Case, proj: str):
-    """The warp-specialised Gluon kernel (grouped_gluon): every GLUON_CANDIDATES config."""
+    """The warp-specialised Gluon kernels (grouped_gluon, grouped_gluon_decode)."""
     p = c.p
-    al = c.align(128)
-    if proj == "up":
-        a, a_s = gather_quant(c.x, al)
-        inc = "gate_up GEMM + clamped SwiGLU + FP8 requant epilogue (E4M3 out); Gluon WS"
-    else:
-        a, a_s = c.h8(128)
-        inc = "down GEMM + routing weight + scatter to pair rows; Gluon WS"
-    for i, cfg in enumerate(GLUON_CANDIDATES[proj]):
+    cfgs = gluon_configs(c, proj)
+    for i, cfg in enumerate(cfgs):
+        al = c.align(cfg.block_m)
+        prefill = isinstance(cfg, GluonConfig)
+        kind = "Gluon WS" + ("" if prefill else f", swapped: {cfg.tok}-row token tiles")
         if proj == "up":
-            fn = (lambda cfg=cfg: gluon_up(a, a_s, p.w13, p.w13_scale, al, cfg, p.limit))
+            a, a_s = gather_quant(c.x, al)
+            gemm = gluon_up if prefill else gluon_decode_up
+            fn = (lambda cfg=cfg, al=al, a=a, a_s=a_s, gemm=gemm: gemm(
+                a, a_s, p.w13, p.w13_scale, al, cfg, p.limit))
+            inc = f"gate_up GEMM + clamped SwiGLU + FP8 requant epilogue (E4M3 out); {kind}"
         else:
-            fn = (lambda cfg=cfg: gluon_down(a, a_s, p.w2, p.w2_scale, c.w, al, cfg,
-                                             torch.bfloat16))
+            h8, hs = c.h8(cfg.block_m)
+            gemm = gluon_down if prefill else gluon_decode_down
+            fn = (lambda cfg=cfg, al=al, h8=h8, hs=hs, gemm=gemm: gemm(
+                h8, hs, p.w2, p.w2_scale, c.w, al, cfg, torch.bfloat16))
+            inc = f"down GEMM + routing weight + scatter to pair rows; {kind}"
         us = c.gemm_row(proj, "glmlab_gluon", fn, inc, config=cfg.short(),
                         untuned_choice=i == 0)
-        key = ("gluon", proj)
+        key = ("gluon", proj, cfg.block_m)
         if us is not None and (key not in c.best or us < c.best[key][0]):
             c.best[key] = (us, cfg)
 
@@ -291,16 +310,21 @@ def bench_torch(c: Case):
 
 def bench_gluon_pipeline(c: Case):
     p = c.p
+    default = choose_gluon(c.m, 288, p.shape.top_k)
     c.moe_row("glmlab_gluon", lambda: fused_moe_grouped(
-        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, GLUON_PREFILL),
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, default),
         "align + gather-quant + up/act/requant + down + combine (Gluon WS GEMMs)",
-        config=f"{GLUON_PREFILL[0].short()}/{GLUON_PREFILL[1].short()}")
-    if ("gluon", "up") in c.best and ("gluon", "down") in c.best:
-        cfgs = (c.best[("gluon", "up")][1], c.best[("gluon", "down")][1])
-        if cfgs != GLUON_PREFILL:
+        config=f"{default[0].short()}/{default[1].short()}")
+    pairs = [(c.best[("gluon", "up", bm)][0] + c.best[("gluon", "down", bm)][0], bm)
+             for bm in (16, 32, 64, 128)
+             if ("gluon", "up", bm) in c.best and ("gluon", "down", bm) in c.best]
+    if pairs:
+        bm = min(pairs)[1]
+        cfgs = (c.best[("gluon", "up", bm)][1], c.best[("gluon", "down", bm)][1])
+        if cfgs != default:
             c.moe_row("glmlab_gluon_best", lambda: fused_moe_grouped(
                 c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, cfgs),
-                "as glmlab_gluon, configs: best Gluon GEMM rows of this case",
+                "as glmlab_gluon, configs: best same-alignment pair of this case's Gluon rows",
                 config=f"{cfgs[0].short()}/{cfgs[1].short()}")
 
 
@@ -331,6 +355,9 @@ def check_numerics(c: Case, module, tables, gluon: bool = True, others: bool = T
     if gluon:
         outs["glmlab_gluon"] = lambda: fused_moe_grouped(
             c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, GLUON_PREFILL)
+        for tok, cfgs in GLUON_DECODE.items():
+            outs[f"glmlab_gluon_decode{tok}"] = lambda cfgs=cfgs: fused_moe_grouped(
+                c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, cfgs)
     if not others:
         return _check_rows(c, ref, outs)
     outs["glmlab_grouped"] = lambda: fused_moe_grouped(

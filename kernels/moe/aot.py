@@ -186,16 +186,28 @@ def resource_usage(compiled: Compiled) -> dict:
 
 
 def compile_gluon(cfg, kind: str, act: str = "bf16") -> Compiled:
-    """The warp-specialised Gluon kernel (grouped_gluon) as ``gluon_up`` / ``gluon_down``
-    launch it; ``cfg`` a ``GluonConfig``."""
+    """The warp-specialised Gluon kernels as ``gluon_up`` / ``gluon_down`` (``cfg`` a
+    ``GluonConfig``, grouped_gluon) or ``gluon_decode_up`` / ``_down`` (a
+    ``GluonDecodeConfig``, grouped_gluon_decode) launch them."""
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from glmlab.kernels.moe import grouped_gluon as gg
+    from glmlab.kernels.moe import grouped_gluon_decode as gd
 
     up = kind == "up"
-    a_layout, b_layout = gg._layouts()
-    types = {"a_desc": f"tensordesc<fp8e4nv[{gg.WG_M}, {gg.STEP_K}],{a_layout!r}>",
-             "b_desc": f"tensordesc<fp8e4nv[{gg.HALF}, {gg.STEP_K}],{b_layout!r}>",
+    decode = isinstance(cfg, gd.GluonDecodeConfig)
+    if decode:
+        a_layout, b_layout = gd._layouts(cfg.tok)
+        a_box, b_box = [cfg.tok, gd.STEP_K], [gd.HALF, gd.STEP_K]
+        names = dict(a_desc="x_desc", b_desc="w_desc", a_scale_ptr="x_scale_ptr",
+                     b_scale_ptr="w_scale_ptr", b_rows_per_expert="w_rows_per_expert",
+                     stride_asm="stride_xsm", stride_bse="stride_wse", stride_bsn="stride_wsn")
+    else:
+        a_layout, b_layout = gg._layouts()
+        a_box, b_box = [gg.WG_M, gg.STEP_K], [gg.HALF, gg.STEP_K]
+        names = {}
+    types = {"a_desc": f"tensordesc<fp8e4nv{a_box},{a_layout!r}>",
+             "b_desc": f"tensordesc<fp8e4nv{b_box},{b_layout!r}>",
              "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
              "out_ptr": "*fp8e4nv" if up else f"*{act}",
              "out_scale_ptr": "*fp32" if up else f"*{act}", "route_w_ptr": "*fp32",
@@ -208,7 +220,10 @@ def compile_gluon(cfg, kind: str, act: str = "bf16") -> Compiled:
                       GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs)
     if not up:
         constexprs["stride_osm"] = 0
-    fn = gg._gluon_grouped_kernel
+    if decode:
+        constexprs["TOK"] = cfg.tok
+    types = {names.get(k, k): v for k, v in types.items()}
+    fn = gd._gluon_decode_kernel if decode else gg._gluon_grouped_kernel
     signature = {name: ("constexpr" if name in constexprs else types[name])
                  for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)

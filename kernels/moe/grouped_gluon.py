@@ -167,10 +167,9 @@ def _loader(a_desc, b_desc, a_smem, b_smem, scale_smem, full, empty, a_scale_ptr
 
 
 @gluon.jit
-def _swiglu_quant(gate, up, limit, FP8_MAX_C: gl.constexpr, INV_FP8_MAX_C: gl.constexpr,
-                  PRECISE: gl.constexpr, ACT: gl.constexpr):
+def _swiglu(gate, up, limit, PRECISE: gl.constexpr, ACT: gl.constexpr):
     # grouped_triton._swiglu_quant_tile's roundings: h in the activation dtype, torch's CUDA
-    # silu (x / (1 + expf(-x))), the product rounded, then the per-row (128-channel) scale.
+    # silu (x / (1 + expf(-x))), the product rounded to the activation dtype.
     g = gl.minimum(gate.to(ACT).to(gl.float32), limit)
     u = gl.minimum(gl.maximum(up.to(ACT).to(gl.float32), -limit), limit)
     if PRECISE:
@@ -178,14 +177,35 @@ def _swiglu_quant(gate, up, limit, FP8_MAX_C: gl.constexpr, INV_FP8_MAX_C: gl.co
     else:
         e = gl.exp(-g)
     silu = gl.div_rn(g, 1.0 + e).to(ACT).to(gl.float32)
-    y = (silu * u).to(ACT).to(gl.float32)
-    amax = gl.maximum(gl.max(gl.abs(y), axis=1), 1e-12)
+    return (silu * u).to(ACT).to(gl.float32)
+
+
+@gluon.jit
+def _group_scale(amax, FP8_MAX_C: gl.constexpr, INV_FP8_MAX_C: gl.constexpr,
+                 PRECISE: gl.constexpr):
+    # quant_triton.group_scale: max(amax, 1e-12) / 448 as torch computes it on this device
+    amax = gl.maximum(amax, 1e-12)
     if PRECISE:  # torch on CUDA: amax * fl(1/448)
         scale = amax * INV_FP8_MAX_C
     else:
         scale = gl.div_rn(amax, gl.full(amax.shape, FP8_MAX_C, gl.float32, amax.type.layout))
-    q = gl.div_rn(y, gl.expand_dims(scale, 1) + gl.zeros_like(y))
-    return gl.minimum(gl.maximum(q, -FP8_MAX_C), FP8_MAX_C), scale
+    return scale
+
+
+@gluon.jit
+def _quant(y, scale_b, FP8_MAX_C: gl.constexpr):
+    # y / scale (IEEE), clamped to the E4M3 range; scale_b broadcast to y's shape
+    q = gl.div_rn(y, scale_b + gl.zeros_like(y))
+    return gl.minimum(gl.maximum(q, -FP8_MAX_C), FP8_MAX_C)
+
+
+@gluon.jit
+def _swiglu_quant(gate, up, limit, FP8_MAX_C: gl.constexpr, INV_FP8_MAX_C: gl.constexpr,
+                  PRECISE: gl.constexpr, ACT: gl.constexpr):
+    # [rows, 128 channels] -> (q in the E4M3 range, one scale per row)
+    y = _swiglu(gate, up, limit, PRECISE, ACT)
+    scale = _group_scale(gl.max(gl.abs(y), axis=1), FP8_MAX_C, INV_FP8_MAX_C, PRECISE)
+    return _quant(y, gl.expand_dims(scale, 1), FP8_MAX_C), scale
 
 
 @gluon.jit

@@ -3,7 +3,9 @@
 Gluon has no CPU interpreter, so this file is the kernels' numerics gate: the H200 session runs
 it in its own process, under a time limit (a barrier bug hangs rather than fails), before any
 Gluon row is benchmarked. References: the fp32 W8A8 torch reference for the whole MoE, and the
-Triton grouped kernels (same recipe, same aligned rows) GEMM by GEMM. The Gluon consumer
+Triton grouped kernels (same recipe, same aligned rows) GEMM by GEMM; both Gluon kernels: the
+128-row one (``grouped_gluon``) and the swapped decode one (``grouped_gluon_decode``, 16/32/64-row
+token tiles). The Gluon consumer
 promotes each 128-wide K block as ``acc + d * (a_s * b_s)`` (one FMA), the Triton kernel as
 ``acc + (d * a_s) * b_s``: fp32 rounding differs, so a few bf16 roundings of h (and then their
 E4M3 requantisation) may land the other way; bounds are relative errors, not bits.
@@ -19,8 +21,14 @@ import torch
 
 from glmlab.kernels.fp8.ref import dequant_block_fp8
 from glmlab.kernels.moe.configs import MoEShape
-from glmlab.kernels.moe.fused_grouped import GLUON_CANDIDATES, GLUON_PREFILL, fused_moe_grouped
+from glmlab.kernels.moe.fused_grouped import (
+    GLUON_CANDIDATES,
+    GLUON_DECODE,
+    GLUON_PREFILL,
+    fused_moe_grouped,
+)
 from glmlab.kernels.moe.grouped_gluon import GluonConfig, gluon_down, gluon_up
+from glmlab.kernels.moe.grouped_gluon_decode import gluon_decode_down, gluon_decode_up
 from glmlab.kernels.moe.grouped_triton import GroupedConfig, grouped_down, grouped_up
 from glmlab.kernels.moe.permute_triton import gather_quant
 from glmlab.kernels.moe.ref import moe_experts_fp8_ref
@@ -61,16 +69,29 @@ def case(request, problem):
     kind, t = request.param
     ids = _routes(kind, t)
     x, w = problem.activations(t, seed=8)
-    al = align_pairs(ids, E, 128)
-    return problem, ids, x, w, al
+    return problem, ids, x, w
 
 
-def test_gluon_up_equals_the_triton_kernel(case):
-    p, ids, x, _, al = case
+# (Gluon up, Gluon down, Triton up, Triton down) at one alignment
+KERNELS = [(*GLUON_PREFILL, GroupedConfig(128, 128, 8, 8, 3, gather_a=False),
+            GroupedConfig(128, 128, 8, 8, 4))] + [
+    (*GLUON_DECODE[tok], GroupedConfig(tok, 128, 8, 4, 4, swap_ab=True, gather_a=False),
+     GroupedConfig(tok, 128, 8, 4, 4, swap_ab=True)) for tok in (16, 32, 64)]
+
+
+def _gluon(cfg, up: bool):
+    if isinstance(cfg, GluonConfig):
+        return gluon_up if up else gluon_down
+    return gluon_decode_up if up else gluon_decode_down
+
+
+@pytest.mark.parametrize("k", KERNELS, ids=lambda k: k[0].short())
+def test_gluon_up_equals_the_triton_kernel(case, k):
+    p, ids, x, _ = case
+    al = align_pairs(ids, E, k[0].block_m)
     a, a_s = gather_quant(x, al)
-    h8, hs = gluon_up(a, a_s, p.w13, p.w13_scale, al, GLUON_PREFILL[0], p.limit)
-    h8_t, hs_t = grouped_up(a, a_s, p.w13, p.w13_scale, al,
-                            GroupedConfig(128, 128, 8, 8, 3, gather_a=False), p.limit)
+    h8, hs = _gluon(k[0], True)(a, a_s, p.w13, p.w13_scale, al, k[0], p.limit)
+    h8_t, hs_t = grouped_up(a, a_s, p.w13, p.w13_scale, al, k[2], p.limit)
     torch.cuda.synchronize()
     n = int(al.num_padded.item())
     got = dequant_block_fp8(h8[:n], hs[:n], torch.float32, (1, 128))
@@ -83,37 +104,39 @@ def test_gluon_up_equals_the_triton_kernel(case):
     assert (got[pad] == 0).all()  # pad rows (incl. skipped halves) are defined zeros
 
 
-def test_gluon_down_equals_the_triton_kernel(case):
-    p, ids, x, w, al = case
+@pytest.mark.parametrize("k", KERNELS, ids=lambda k: k[1].short())
+def test_gluon_down_equals_the_triton_kernel(case, k):
+    p, ids, x, w = case
+    al = align_pairs(ids, E, k[0].block_m)
     a, a_s = gather_quant(x, al)
-    h8, hs = grouped_up(a, a_s, p.w13, p.w13_scale, al,
-                        GroupedConfig(128, 128, 8, 8, 3, gather_a=False), p.limit)
-    out = gluon_down(h8, hs, p.w2, p.w2_scale, w, al, GLUON_PREFILL[1], torch.bfloat16)
-    ref = grouped_down(h8, hs, p.w2, p.w2_scale, w, al, GroupedConfig(128, 128, 8, 8, 4),
-                       torch.bfloat16)
+    h8, hs = grouped_up(a, a_s, p.w13, p.w13_scale, al, k[2], p.limit)
+    out = _gluon(k[1], False)(h8, hs, p.w2, p.w2_scale, w, al, k[1], torch.bfloat16)
+    ref = grouped_down(h8, hs, p.w2, p.w2_scale, w, al, k[3], torch.bfloat16)
     used = ((ids >= 0) & (ids < E)).reshape(-1)
     assert not out[used].isnan().any()
     assert _rel(out[used], ref[used]) < 2e-3
 
 
 @pytest.mark.parametrize("cfgs", [(u, d) for u in GLUON_CANDIDATES["up"][:2]
-                                  for d in GLUON_CANDIDATES["down"][:2]],
+                                  for d in GLUON_CANDIDATES["down"][:2]]
+                         + list(GLUON_DECODE.values()),
                          ids=lambda c: f"{c[0].short()}-{c[1].short()}")
 def test_gluon_moe_matches_w8a8_reference(case, cfgs):
-    p, ids, x, w, _ = case
+    p, ids, x, w = case
     ref = moe_experts_fp8_ref(x, ids, w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit)
     out = fused_moe_grouped(x, ids, w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, cfgs)
     assert out.dtype == x.dtype and not out.isnan().any()
     assert _rel(out, ref) < 3e-2
 
 
-def test_gluon_is_repeatable_and_graph_capturable(problem):
+@pytest.mark.parametrize("cfgs", [GLUON_PREFILL, GLUON_DECODE[32]], ids=lambda c: c[0].short())
+def test_gluon_is_repeatable_and_graph_capturable(problem, cfgs):
     """Same bits on every run (no atomics, deterministic order), also replayed from a graph."""
     p = problem
     ids = _routes("skewed", 1024)
     x, w = p.activations(1024, seed=9)
     run = lambda: fused_moe_grouped(x, ids, w, p.w13, p.w13_scale, p.w2, p.w2_scale,  # noqa: E731
-                                    p.limit, GLUON_PREFILL)
+                                    p.limit, cfgs)
     first = run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
