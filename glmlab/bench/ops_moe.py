@@ -209,7 +209,8 @@ def bench_gluon(c: Case, proj: str):
             gemm = gluon_up if prefill else gluon_decode_up
             fn = (lambda cfg=cfg, al=al, a=a, a_s=a_s, gemm=gemm: gemm(
                 a, a_s, p.w13, p.w13_scale, al, cfg, p.limit))
-            inc = f"gate_up GEMM + clamped SwiGLU + FP8 requant epilogue (E4M3 out); {kind}"
+            inc = (f"gate_up GEMM + clamped SwiGLU + FP8 requant epilogue (E4M3 out); {kind}; "
+                   "A rows pre-gathered by gather_quant (timed in the MoE row)")
         else:
             h8, hs = c.h8(cfg.block_m)
             gemm = gluon_down if prefill else gluon_decode_down
