@@ -42,14 +42,21 @@ from glmlab.kernels.moe import peers
 from glmlab.kernels.moe.act_triton import combine
 from glmlab.kernels.moe.configs import MoEShape, choose_config, read_table
 from glmlab.kernels.moe.fused_grouped import (
+    GLUON_CANDIDATES,
+    GLUON_DECODE,
+    GLUON_DECODE_CANDIDATES,
+    GLUON_PREFILL,
     GROUPED_CANDIDATES,
     PREFILL,
+    choose_gluon,
     choose_grouped,
     fused_moe_grouped,
     up_config_for,
 )
 from glmlab.kernels.moe.fused_moe import device_name, fused_moe
 from glmlab.kernels.moe.gemm_triton import moe_gemm_down, moe_gemm_up
+from glmlab.kernels.moe.grouped_gluon import GluonConfig, gluon_down, gluon_up
+from glmlab.kernels.moe.grouped_gluon_decode import gluon_decode_down, gluon_decode_up
 from glmlab.kernels.moe.grouped_triton import GroupedConfig, grouped_down, grouped_up
 from glmlab.kernels.moe.permute_triton import gather_quant
 from glmlab.kernels.moe.ref import moe_experts_fp8_ref
@@ -70,6 +77,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--candidates", default="all", choices=("all", "default"))
     p.add_argument("--ws", choices=("with", "without", "only"), default="with",
                    help="warp-specialised candidates; only: just those GEMM rows")
+    p.add_argument("--gluon", choices=("with", "without", "only"), default="with",
+                   help="the warp-specialised Gluon kernels (only: just their rows + checks)")
     p.add_argument("--check-m", type=int, default=64, help="M of the numerics check rows")
     p.add_argument("--time-budget", type=float, help="seconds; later cases are skipped")
     p.add_argument("--stream", help="append each case's rows to this JSONL file as it goes")
@@ -176,6 +185,45 @@ def bench_grouped(c: Case, candidates: list[GroupedConfig], proj: str, default: 
             c.best[key] = (us, cfg)
 
 
+def gluon_configs(c: Case, proj: str) -> list:
+    """Gluon candidates for this case: the 128-row kernel's always, the swapped (decode)
+    kernel's while an expert averages <= 64 rows (routes are over 288 experts); the untuned
+    choice (``choose_gluon``) first."""
+    default = choose_gluon(c.m, 288, c.p.shape.top_k)[0 if proj == "up" else 1]
+    cands = list(GLUON_CANDIDATES[proj])
+    if c.m * c.p.shape.top_k / 288 <= 64:
+        cands += GLUON_DECODE_CANDIDATES[proj]
+    return list(dict.fromkeys([default, *cands]))
+
+
+def bench_gluon(c: Case, proj: str):
+    """The warp-specialised Gluon kernels (grouped_gluon, grouped_gluon_decode)."""
+    p = c.p
+    cfgs = gluon_configs(c, proj)
+    for i, cfg in enumerate(cfgs):
+        al = c.align(cfg.block_m)
+        prefill = isinstance(cfg, GluonConfig)
+        kind = "Gluon WS" + ("" if prefill else f", swapped: {cfg.tok}-row token tiles")
+        if proj == "up":
+            a, a_s = gather_quant(c.x, al)
+            gemm = gluon_up if prefill else gluon_decode_up
+            fn = (lambda cfg=cfg, al=al, a=a, a_s=a_s, gemm=gemm: gemm(
+                a, a_s, p.w13, p.w13_scale, al, cfg, p.limit))
+            inc = (f"gate_up GEMM + clamped SwiGLU + FP8 requant epilogue (E4M3 out); {kind}; "
+                   "A rows pre-gathered by gather_quant (timed in the MoE row)")
+        else:
+            h8, hs = c.h8(cfg.block_m)
+            gemm = gluon_down if prefill else gluon_decode_down
+            fn = (lambda cfg=cfg, al=al, h8=h8, hs=hs, gemm=gemm: gemm(
+                h8, hs, p.w2, p.w2_scale, c.w, al, cfg, torch.bfloat16))
+            inc = f"down GEMM + routing weight + scatter to pair rows; {kind}"
+        us = c.gemm_row(proj, "glmlab_gluon", fn, inc, config=cfg.short(),
+                        untuned_choice=i == 0)
+        key = ("gluon", proj, cfg.block_m)
+        if us is not None and (key not in c.best or us < c.best[key][0]):
+            c.best[key] = (us, cfg)
+
+
 def bench_previous(c: Case, table):
     p = c.p
     up_cfg, down_cfg = choose_config(c.m, table)
@@ -261,6 +309,26 @@ def bench_torch(c: Case):
         a, a_s, p.w13, p.w13_scale, offs), "F.scaled_grouped_mm, block scales, pre-gathered")
 
 
+def bench_gluon_pipeline(c: Case):
+    p = c.p
+    default = choose_gluon(c.m, 288, p.shape.top_k)
+    c.moe_row("glmlab_gluon", lambda: fused_moe_grouped(
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, default),
+        "align + gather-quant + up/act/requant + down + combine (Gluon WS GEMMs)",
+        config=f"{default[0].short()}/{default[1].short()}")
+    pairs = [(c.best[("gluon", "up", bm)][0] + c.best[("gluon", "down", bm)][0], bm)
+             for bm in (16, 32, 64, 128)
+             if ("gluon", "up", bm) in c.best and ("gluon", "down", bm) in c.best]
+    if pairs:
+        bm = min(pairs)[1]
+        cfgs = (c.best[("gluon", "up", bm)][1], c.best[("gluon", "down", bm)][1])
+        if cfgs != default:
+            c.moe_row("glmlab_gluon_best", lambda: fused_moe_grouped(
+                c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, cfgs),
+                "as glmlab_gluon, configs: best same-alignment pair of this case's Gluon rows",
+                config=f"{cfgs[0].short()}/{cfgs[1].short()}")
+
+
 def bench_pipelines(c: Case):
     p = c.p
     default = choose_grouped(c.m, p.shape.num_experts, p.shape.top_k)
@@ -279,12 +347,22 @@ def bench_pipelines(c: Case):
             config=f"{cfgs[0].short()}/{cfgs[1].short()}")
 
 
-def check_numerics(c: Case, module, tables) -> list[dict]:
+def check_numerics(c: Case, module, tables, gluon: bool = True, others: bool = True
+                   ) -> list[dict]:
     p = c.p
     ref = moe_experts_fp8_ref(c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale,
                               p.limit).float()
-    outs = {"glmlab_grouped": lambda: fused_moe_grouped(
-        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit)}
+    outs = {}
+    if gluon:
+        outs["glmlab_gluon"] = lambda: fused_moe_grouped(
+            c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, GLUON_PREFILL)
+        for tok, cfgs in GLUON_DECODE.items():
+            outs[f"glmlab_gluon_decode{tok}"] = lambda cfgs=cfgs: fused_moe_grouped(
+                c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, cfgs)
+    if not others:
+        return _check_rows(c, ref, outs)
+    outs["glmlab_grouped"] = lambda: fused_moe_grouped(
+        c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit)
     outs["glmlab_grouped_prefill_tiles"] = lambda: fused_moe_grouped(
         c.x, c.ids, c.w, p.w13, p.w13_scale, p.w2, p.w2_scale, p.limit, PREFILL)
     outs["glmlab_previous"] = lambda: fused_moe(c.x, c.ids, c.w, p.w13, p.w2, p.limit,
@@ -292,6 +370,10 @@ def check_numerics(c: Case, module, tables) -> list[dict]:
     if module is not None:
         sg = peers.SGLangMoE(module, *tables, c.m)
         outs["sglang"] = lambda: sglang_moe(c, sg, c.align(sg.up_cfg["BLOCK_SIZE_M"]))
+    return _check_rows(c, ref, outs)
+
+
+def _check_rows(c: Case, ref: torch.Tensor, outs: dict) -> list[dict]:
     rows = []
     for name, fn in outs.items():
         row = dict(op="check", variant=name, **c.base)
@@ -362,29 +444,56 @@ def run(argv: list[str]) -> list[dict]:
                 continue
             meta[0] = machine()
             c = Case(p, _route(m, e, samples, seed=m), m, ceil, timer, emit)
-            default = choose_grouped(m, e, p.shape.top_k)
-            for i, proj in enumerate(("up", "down")):
-                cands = [] if args.candidates == "default" else [
-                    g for g in GROUPED_CANDIDATES[proj]
-                    if {"with": True, "without": not g.warp_specialize,
-                        "only": g.warp_specialize}[args.ws]]
-                if args.ws == "only":
-                    bench_grouped(c, cands, proj, cands[0])
-                    continue
-                bench_grouped(c, cands, proj, default[i])
-            if args.ws == "only":
-                continue
-            bench_previous(c, table)
-            if module is not None:
-                bench_sglang(c, module, tables, src)
-            bench_torch(c)
-            bench_pipelines(c)
-            if m == args.check_m:
-                for row in check_numerics(c, module, tables):
-                    emit(row)
+            run_case(c, args, module, table, tables, src)
             del c
             torch.cuda.empty_cache()
+    print_comparison(rows)
     return rows
+
+
+def print_comparison(rows: list[dict]) -> None:
+    """The kernel-to-kernel table (analysis.kernel_comparison) as fixed-width text."""
+    from glmlab.kernels.moe.analysis import kernel_comparison
+
+    table = kernel_comparison(rows)
+    cols = ("op", "E", "M", "proj", "kernel", "us", "tflops", "frac_fp8", "frac_hbm",
+            "x_sglang", "config")
+    print(" ".join(f"{c:>10}" for c in cols))
+    for r in table:
+        print(" ".join(f"{str(r[c]):>10}" for c in cols))
+
+
+def run_case(c: Case, args, module, table, tables, src) -> None:
+    """One (E, M): the new Gluon kernel first (the risky variant; its rows land before the
+    rest), then the Triton grouped kernel's candidates, the previous kernel, the peers, the
+    whole-MoE pipelines and, at ``--check-m``, the numerics checks."""
+    gluon = args.gluon != "without" and c.p.shape.hidden % 256 == 0
+    if gluon:
+        for proj in ("up", "down"):
+            bench_gluon(c, proj)
+        bench_gluon_pipeline(c)
+    if args.gluon == "only":
+        if c.m == args.check_m:
+            for row in check_numerics(c, module, tables, gluon=True, others=False):
+                c.emit(row)
+        return
+    default = choose_grouped(c.m, c.p.shape.num_experts, c.p.shape.top_k)
+    for i, proj in enumerate(("up", "down")):
+        cands = [] if args.candidates == "default" else [
+            g for g in GROUPED_CANDIDATES[proj]
+            if {"with": True, "without": not g.warp_specialize,
+                "only": g.warp_specialize}[args.ws]]
+        bench_grouped(c, cands, proj, cands[0] if args.ws == "only" else default[i])
+    if args.ws == "only":
+        return
+    bench_previous(c, table)
+    if module is not None:
+        bench_sglang(c, module, tables, src)
+    bench_torch(c)
+    bench_pipelines(c)
+    if c.m == args.check_m:
+        for row in check_numerics(c, module, tables, gluon=gluon):
+            c.emit(row)
 
 
 def main(argv: list[str] | None = None) -> int:

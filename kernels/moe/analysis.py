@@ -117,3 +117,34 @@ def m1024_comparison(bench_rows: list[dict], tune_rows: list[dict]) -> list[dict
                         "gain": tune[0]["speedup_heldout"] - 1,
                         "conditions": "tuner's held-out validation (other routing samples)"})
     return out
+
+
+# Kernel families of ``glmlab.bench.ops_moe`` rows, new first; SGLang is the reference column.
+FAMILIES = ("glmlab_gluon", "glmlab_grouped", "glmlab_previous", "sglang", "torch_block_loop",
+            "torch_grouped_block")
+
+
+def kernel_comparison(rows: list[dict]) -> list[dict]:
+    """GEMM for GEMM (``op == "gemm"``, per projection) and whole MoE (``op == "moe"``): per
+    (E, M, proj) the fastest row of each kernel family (its config named), its FP8 TFLOP/s,
+    fractions of the in-run FP8 peak and HBM, and time / SGLang's time (< 1: faster than it).
+    What each row includes is in the rows' ``includes`` field (e.g. our gate_up also does the
+    SwiGLU + requant; SGLang's writes bf16)."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        if r.get("op") not in ("gemm", "moe") or r.get("us") is None:
+            continue
+        fam = r["variant"].removesuffix("_best")
+        key = (r["op"], r["E"], r["M"], r.get("proj", "all"), fam)
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    out = []
+    for (op, e, m, proj, fam), r in sorted(best.items(), key=lambda kv: (
+            kv[0][0], -kv[0][2], -kv[0][1], kv[0][3],
+            FAMILIES.index(kv[0][4]) if kv[0][4] in FAMILIES else 99)):
+        sg = best.get((op, e, m, proj, "sglang"))
+        out.append(dict(op=op, E=e, M=m, proj=proj, kernel=fam, config=r.get("config"),
+                        us=round(r["us"], 1), tflops=round(r["tflops"]),
+                        frac_fp8=round(r["frac_fp8"], 3), frac_hbm=round(r["frac_hbm"], 3),
+                        x_sglang=round(r["us"] / sg["us"], 3) if sg else None))
+    return out

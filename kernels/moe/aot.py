@@ -183,3 +183,53 @@ def resource_usage(compiled: Compiled) -> dict:
             "spill_loads": len(re.findall(r"\bLDL\b", text)), "qgmma": text.count("QGMMA"),
             "utmaldg": text.count("UTMALDG"), "ldgsts": text.count("LDGSTS"),
             "warp_specialized": "setmaxnreg" in compiled.ptx}
+
+
+def compile_gluon(cfg, kind: str, act: str = "bf16") -> Compiled:
+    """The warp-specialised Gluon kernels as ``gluon_up`` / ``gluon_down`` (``cfg`` a
+    ``GluonConfig``, grouped_gluon) or ``gluon_decode_up`` / ``_down`` (a
+    ``GluonDecodeConfig``, grouped_gluon_decode) launch them."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from glmlab.kernels.moe import grouped_gluon as gg
+    from glmlab.kernels.moe import grouped_gluon_decode as gd
+
+    up = kind == "up"
+    decode = isinstance(cfg, gd.GluonDecodeConfig)
+    if decode:
+        a_layout, b_layout = gd._layouts(cfg.tok)
+        a_box, b_box = [cfg.tok, gd.STEP_K], [gd.HALF, gd.STEP_K]
+        names = dict(a_desc="x_desc", b_desc="w_desc", a_scale_ptr="x_scale_ptr",
+                     b_scale_ptr="w_scale_ptr", b_rows_per_expert="w_rows_per_expert",
+                     stride_asm="stride_xsm", stride_bse="stride_wse", stride_bsn="stride_wsn")
+    else:
+        a_layout, b_layout = gg._layouts()
+        a_box, b_box = [gg.WG_M, gg.STEP_K], [gg.HALF, gg.STEP_K]
+        names = {}
+    types = {"a_desc": f"tensordesc<fp8e4nv{a_box},{a_layout!r}>",
+             "b_desc": f"tensordesc<fp8e4nv{b_box},{b_layout!r}>",
+             "a_scale_ptr": "*fp32", "b_scale_ptr": "*fp32",
+             "out_ptr": "*fp8e4nv" if up else f"*{act}",
+             "out_scale_ptr": "*fp32" if up else f"*{act}", "route_w_ptr": "*fp32",
+             "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32",
+             "limit": "fp32"}
+    types |= dict.fromkeys(["num_pairs", "N", "K", "b_rows_per_expert", "stride_asm",
+                            "stride_bse", "stride_bsn", "stride_om", "stride_osm"], "i32")
+    constexprs = dict(UP=up, PRECISE=True, FP8_MAX_C=448.0, INV_FP8_MAX_C=INV_FP8_MAX,
+                      ACT=getattr(tl, {"bf16": "bfloat16"}.get(act, act)), STAGES=cfg.stages,
+                      GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs)
+    if not up:
+        constexprs["stride_osm"] = 0
+    if decode:
+        constexprs["TOK"] = cfg.tok
+    types = {names.get(k, k): v for k, v in types.items()}
+    fn = gd._gluon_decode_kernel if decode else gg._gluon_grouped_kernel
+    signature = {name: ("constexpr" if name in constexprs else types[name])
+                 for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if name not in constexprs and (types[name].startswith("*") or types[name] == "i32")
+             and name not in fn_no_specialize(fn)}
+    src = GluonASTSource(fn, signature, {k: tl.constexpr(v) for k, v in constexprs.items()},
+                         attrs)
+    out = triton.compile(src, target=SM90, options={"num_warps": 4, "maxnreg": gg.MAXNREG})
+    return Compiled(fn.__name__, out.asm["ptx"], out.metadata.shared, 4, out.asm.get("cubin", b""))

@@ -14,6 +14,7 @@
   ``F.scaled_grouped_mm``; torch may not support block scales there on sm_90 (the caller records
   the error).
 
+``python -m glmlab.kernels.moe.peers slim WHEEL`` writes the slim copy under ``.whl/``.
 Nothing here is imported by the model or the engine.
 """
 
@@ -35,6 +36,20 @@ CONFIGS = "sglang/srt/layers/moe/moe_runner/triton_utils/configs/"
 # sglang's get_default_config for block-FP8 weights without a tuned file
 SGLANG_BLOCK_FP8_DEFAULT = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
                             "GROUP_SIZE_M": 32, "num_warps": 4, "num_stages": 3}
+
+
+def slim_wheel(wheel: str | Path, out_dir: str | Path = ".whl") -> Path:
+    """A copy of ``wheel`` holding only what the peer reads (the kernel module and the tile
+    tables: ~0.2 MB instead of 39 MB), named ``sglang-<version>-moe-peer.whl`` so
+    ``find_wheel`` takes it; the GPU run carries this instead of the wheel."""
+    version = Path(wheel).name.split("-")[1]
+    out = Path(out_dir) / f"sglang-{version}-moe-peer.whl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+        for name in src.namelist():
+            if name == KERNELS or name.startswith(CONFIGS):
+                dst.writestr(name, src.read(name))
+    return out
 
 
 def find_wheel(root: str | Path = ".") -> Path | None:
@@ -230,3 +245,9 @@ class SGLangMoE:
         self._invoke(h8, hs, w2, w2_scale, out, topk_w, ids, align, True, 1, self.down_cfg,
                      self.down_tma, self.down_tma, False)
         return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "slim":
+        raise SystemExit("usage: python -m glmlab.kernels.moe.peers slim SGLANG_WHEEL")
+    print(slim_wheel(sys.argv[2]))

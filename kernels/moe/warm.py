@@ -22,7 +22,12 @@ def tasks(intermediate: int, tokens: tuple[int, ...], experts: tuple[int, ...]) 
     """(kind, payload) per distinct launch the benchmark makes."""
     from glmlab.kernels.moe import peers
     from glmlab.kernels.moe.configs import MoEShape, choose_config, read_table
-    from glmlab.kernels.moe.fused_grouped import GROUPED_CANDIDATES, choose_grouped
+    from glmlab.kernels.moe.fused_grouped import (
+        GLUON_CANDIDATES,
+        GLUON_DECODE_CANDIDATES,
+        GROUPED_CANDIDATES,
+        choose_grouped,
+    )
 
     # warp-specialised variants are left to the benchmark's own process (a Triton abort there
     # would take this worker's whole share)
@@ -45,6 +50,8 @@ def tasks(intermediate: int, tokens: tuple[int, ...], experts: tuple[int, ...]) 
                 sg = peers.SGLangMoE(None, *tables, m)
                 out.append(("sglang", (tuple(sg.up_cfg.items()), sg.up_tma),
                             (tuple(sg.down_cfg.items()), sg.down_tma)))
+    out += [("gluon", proj, cfg) for cands in (GLUON_CANDIDATES, GLUON_DECODE_CANDIDATES)
+            for proj, cfgs in cands.items() for cfg in cfgs]
     return list(dict.fromkeys(out))
 
 
@@ -54,6 +61,8 @@ def _run_share(share: int, count: int, intermediate: int, tokens, experts) -> No
     from glmlab.kernels.moe.configs import MoEShape
     from glmlab.kernels.moe.fused_grouped import up_config_for
     from glmlab.kernels.moe.fused_moe import fused_moe
+    from glmlab.kernels.moe.grouped_gluon import GluonConfig, gluon_down, gluon_up
+    from glmlab.kernels.moe.grouped_gluon_decode import gluon_decode_down, gluon_decode_up
     from glmlab.kernels.moe.grouped_triton import grouped_down, grouped_up
     from glmlab.kernels.moe.permute_triton import gather_quant
     from glmlab.kernels.moe.routing_triton import align_pairs
@@ -77,6 +86,18 @@ def _run_share(share: int, count: int, intermediate: int, tokens, experts) -> No
                                     p.limit)
                 if proj == "down":
                     grouped_down(h8, hs, p.w2, p.w2_scale, w, al, cfg, torch.bfloat16)
+            elif task[0] == "gluon":
+                _, proj, cfg = task
+                al = align_pairs(ids, 4, cfg.block_m)
+                a, a_s = gather_quant(x, al)
+                up, down = (gluon_up, gluon_down) if isinstance(cfg, GluonConfig) else \
+                    (gluon_decode_up, gluon_decode_down)
+                if proj == "up":
+                    up(a, a_s, p.w13, p.w13_scale, al, cfg, p.limit)
+                else:
+                    h8, hs = grouped_up(xq, xs, p.w13, p.w13_scale, al,
+                                        up_config_for(cfg.block_m), p.limit)
+                    down(h8, hs, p.w2, p.w2_scale, w, al, cfg, torch.bfloat16)
             elif task[0] == "previous":
                 fused_moe(x, ids, w, p.w13, p.w2, p.limit, p.w13_scale, p.w2_scale,
                           configs=task[1])
