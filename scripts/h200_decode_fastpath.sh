@@ -48,7 +48,7 @@ stage bench-bf16-state 60 python3 -m glmlab.bench.ops --op decode --out "$WORK/b
 ( stage tests 240 python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 \
     tests/kernels/decode tests/kernels/fp8/test_linear_fp8.py \
     tests/kernels/fused/test_decode_kernels_bf16_gpu.py tests/model/test_cuda_graph.py \
-    tests/model/test_fast_path_slice_gpu.py ) &
+    tests/model/test_fast_path_slice_gpu.py tests/engine/test_isolation.py ) &
 tests_pid=$!
 stage serve $(( $(left) - 10 )) env LENS="${LENS:-37 300}" OUT="$WORK/serve" \
   WORK="$WORK/serve-work" bash scripts/h200_serve_fast.sh
