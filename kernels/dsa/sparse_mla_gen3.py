@@ -13,9 +13,10 @@ waiting for ``k_free[s]`` before it refills a stage. 8 threads share a row (16 B
 - bf16 rows: ``cp.async`` straight into the stage (zero-filled for -1 slots), completion
   tracked by ``cp.async.mbarrier.arrive.noinc``: nothing passes through registers, so every
   stage but the one being computed is in flight.
-- FP8 rows (raw e4m3, or the 528 B layout with one fp32 scale per 128 channels): the whole
-  tile's 16 B chunks are loaded into registers first (16 loads in flight per thread: 32 KB per
-  tile), then widened to bf16 (times the chunk's scale) and stored. The dequantisation thus runs
+- FP8 rows (raw e4m3, or the 528 B layout with one fp32 scale per 128 channels): 16 B chunks
+  are loaded into registers, a batch of 16-row passes at a time (``ws1c``: the whole 64-row tile,
+  16 loads = 32 KB in flight; ``wspv``: one pass, its producer has 96 registers), then widened to
+  bf16 (times the chunk's scale) and stored. The dequantisation thus runs
   on the producer's issue slots while the consumers' MMAs run; the consumers never see FP8 (both
   GEMMs stay bf16 x bf16 -> fp32, the reference's numerics). FP8 wgmma would need a K-major V
   (the SM90 PV pitfall, TileLang PR #3224) and FP8 queries (a larger error): not used.
@@ -57,8 +58,11 @@ ACC = "float32"
 # launches with 168 registers per thread; setmaxnreg.inc only takes what the other warpgroups
 # gave back, so 128 * (c0 + c1 + p) must not exceed 384 * 168 = 64512 (round 1's hang).
 LAUNCH_REGS_384 = 168
-REGS_WSPV = {KVFormat.BF16: (240, 168, 96), KVFormat.FP8_RAW: (240, 168, 96),
-             KVFormat.FP8_SCALED: (240, 168, 96)}
+# Consumer 0 spills below 240 and consumer 1 below 168 (ptxas, sm_90a); the FP8 producer then has
+# 96 registers, so in ``wspv`` it keeps one 16-row pass (4 x 16 B loads) in flight at a time, where
+# ``ws1c`` (256 threads, 255 registers each, no setmaxnreg) keeps the whole 64-row tile in flight.
+REGS_WSPV = {fmt: (240, 168, 96) for fmt in KVFormat}
+WSPV_FP8_PASSES_IN_FLIGHT = 1
 for _regs in REGS_WSPV.values():
     assert 128 * sum(_regs) <= 384 * LAUNCH_REGS_384 and all(r % 8 == 0 for r in _regs)
 
@@ -273,7 +277,7 @@ def wspv_program(layout: MlaKVLayout, block_i: int = 64):
         raise ValueError(f"wspv kernel: unsupported {layout} / block {block_i}")
     R, BI, HB, S = layout.rank, block_i, 64, 2
     RH = R // 2
-    produce = _producer(layout, BI, S, 256, 2)
+    produce = _producer(layout, BI, S, 256, WSPV_FP8_PASSES_IN_FLIGHT)
     fp8 = layout.format is not KVFormat.BF16
     regs0, regs1, regs_p = REGS_WSPV[layout.format]
 
@@ -298,8 +302,9 @@ def wspv_program(layout: MlaKVLayout, block_i: int = 64):
             T.copy(Q[row, h0:h0 + HB, :], q_s)
             if tx >= 256:
                 T.set_max_nreg(regs_p, 0)
-                raw = T.alloc_local([2, R // 128, 16], "float8_e4m3") if fp8 else None
-                scl = T.alloc_local([2, R // 128], ACC) if fp8 else None
+                npass = WSPV_FP8_PASSES_IN_FLIGHT
+                raw = T.alloc_local([npass, R // 128, 16], "float8_e4m3") if fp8 else None
+                scl = T.alloc_local([npass, R // 128], ACC) if fp8 else None
                 produce(KV, KVS, Idx, kv_s, valid, k_ready, k_free, row, first, last, rounds,
                         width, raw, scl)
             elif tx < 128:
