@@ -98,19 +98,32 @@ def paged_reference(q8, qs, keys_fp8, key_scale, w, pos, table, row_req, kpool, 
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("requests,rows,pages,shared", [
-    pytest.param(3, 5, 2, 1, id="shared-prefix-page-block-spans-requests"),
-    pytest.param(2, 3, 2, 0, id="all-private"),
-    pytest.param(4, 20, 1, 1, id="one-page-shared-by-all-64-row-block"),
+@pytest.mark.parametrize("kernel", ["mh", "rowblock"])
+@pytest.mark.parametrize("requests,rows,pages,shared,heads", [
+    pytest.param(3, 5, 2, 1, 2, id="shared-prefix-page-block-spans-requests"),
+    pytest.param(2, 3, 2, 0, 2, id="all-private"),
+    pytest.param(4, 20, 1, 1, 2, id="one-page-shared-by-all-64-row-block"),
+    pytest.param(3, 8, 3, 1, 32, id="verify-blocks-of-one-request-pipelined"),
+    pytest.param(2, 11, 2, 0, 32, id="requests-of-11-rows-uniform-and-mixed-blocks"),
+    pytest.param(5, 1, 2, 2, 32, id="decode-one-row-per-request-shared-prefix"),
+    pytest.param(2, 4, 2, 1, 24, id="heads-not-a-power-of-two-round2-kernel"),
 ])
-def test_paged_fp8_scores_match_reference(requests, rows, pages, shared):
-    q, kf, ks, w, pos, table, row_req = paged_batch(requests, rows, pages, 2, 16, shared)
+def test_paged_fp8_scores_match_reference(requests, rows, pages, shared, heads, kernel):
+    q, kf, ks, w, pos, table, row_req = paged_batch(requests, rows, pages, heads, 16, shared)
     q8, qs = it.quantize_index_queries(q)
-    scores = it.pool_scores_fp8_paged(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
+    fn = it.pool_scores_fp8_paged if kernel == "mh" else it.pool_scores_fp8_paged_rowblock
+    scores = fn(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
     ref = paged_reference(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
     finite = torch.isfinite(ref)
     assert torch.equal(finite, torch.isfinite(scores)) and torch.isneginf(scores[~finite]).all()
     assert_close("paged fp8 scores", ref[finite], scores[finite], "fp32_chunk")
+
+
+def test_paged_program_shape_rules():
+    assert it.paged_rows_per_program(32) == 8 and it.paged_rows_per_program(64) == 4
+    assert it.paged_pages_per_program(132, 256) == 32  # 132 x 8 programs >= 4 per SM
+    assert it.paged_pages_per_program(40, 256) == 16  # 40 x 16 programs
+    assert it.paged_pages_per_program(1, 256) == 1 and it.paged_pages_per_program(1, 1) == 1
 
 
 def test_query_quantiser_round_trips_within_e4m3():
