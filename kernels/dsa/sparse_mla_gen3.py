@@ -14,9 +14,10 @@ waiting for ``k_free[s]`` before it refills a stage. 8 threads share a row (16 B
   tracked by ``cp.async.mbarrier.arrive.noinc``: nothing passes through registers, so every
   stage but the one being computed is in flight.
 - FP8 rows (raw e4m3, or the 528 B layout with one fp32 scale per 128 channels): 16 B chunks
-  are loaded into registers, a batch of 16-row passes at a time (``ws1c``: the whole 64-row tile,
-  16 loads = 32 KB in flight; ``wspv``: one pass, its producer has 96 registers), then widened to
-  bf16 (times the chunk's scale) and stored. The dequantisation thus runs
+  are loaded into registers (``ws1c``: the whole 64-row tile, 16 loads = 32 KB in flight; ``wspv``,
+  whose producer has 96 registers: two 16-row passes for raw rows, pass r loading while pass r - 1
+  is widened, one pass for the 528 B rows),
+  then widened to bf16 (times the chunk's scale) and stored. The dequantisation thus runs
   on the producer's issue slots while the consumers' MMAs run; the consumers never see FP8 (both
   GEMMs stay bf16 x bf16 -> fp32, the reference's numerics). FP8 wgmma would need a K-major V
   (the SM90 PV pitfall, TileLang PR #3224) and FP8 queries (a larger error): not used.
@@ -59,10 +60,11 @@ ACC = "float32"
 # gave back, so 128 * (c0 + c1 + p) must not exceed 384 * 168 = 64512 (round 1's hang).
 LAUNCH_REGS_384 = 168
 # Consumer 0 spills below 240 and consumer 1 below 168 (ptxas, sm_90a); the FP8 producer then has
-# 96 registers, so in ``wspv`` it keeps one 16-row pass (4 x 16 B loads) in flight at a time, where
+# 96 registers, so in ``wspv`` it keeps two 16-row passes (8 x 16 B loads) in flight, where
 # ``ws1c`` (256 threads, 255 registers each, no setmaxnreg) keeps the whole 64-row tile in flight.
 REGS_WSPV = {fmt: (240, 168, 96) for fmt in KVFormat}
-WSPV_FP8_PASSES_IN_FLIGHT = 1
+# two passes in flight for raw rows; the 528 B rows' scales spill then, so one pass
+WSPV_FP8_BATCH = {KVFormat.BF16: 0, KVFormat.FP8_RAW: 1, KVFormat.FP8_SCALED: 0}
 for _regs in REGS_WSPV.values():
     assert 128 * sum(_regs) <= 384 * LAUNCH_REGS_384 and all(r % 8 == 0 for r in _regs)
 
@@ -71,6 +73,14 @@ def supports(layout: MlaKVLayout) -> bool:
     """Whole 128-channel chunks per producer thread group (and one scale per chunk)."""
     return layout.rank % 128 == 0 and (layout.format is not KVFormat.FP8_SCALED
                                        or layout.group == 128)
+
+
+def ws1c_builds(layout: MlaKVLayout, stages: int, qk_chunks: int) -> bool:
+    """TileLang 0.1.15 refuses one ws1c form: FP8 rows with 2 stages and one QK GEMM ("[ThreadSync]
+    Cannot lower a required shared-memory sync inside a divergent region with 4 participating
+    threads"; 3 stages, or 4 QK chunks, lower). Benchmarks and tests skip it."""
+    return supports(layout) and not (layout.format is not KVFormat.BF16 and stages == 2
+                                     and qk_chunks == 1)
 
 
 def _kv_dtype(fmt: KVFormat) -> str:
@@ -107,11 +117,42 @@ def _producer(layout: MlaKVLayout, BI: int, S: int, base: int, batch: int):
     """The producer macro: fills ``kv_s[stage]`` (bf16 [S, BI, R]) for tiles of one split.
 
     Threads ``base .. base + 127``; tile ``first + it * S + st`` goes to stage ``st``; a tile at or
-    past ``last`` (or a column past ``width``) is invalid (zero rows, ``valid`` False).
+    past ``last`` (or a column past ``width``) is invalid (zero rows, ``valid`` False). FP8 rows:
+    ``batch`` = BI // 16 loads the whole tile before widening it (``raw`` [BI // 16, ...]);
+    ``batch`` = 1 keeps two 16-row passes in flight (``raw`` [2, ...]); 0 one pass.
     """
+    if batch not in (0, 1, BI // 16):
+        raise ValueError(f"producer batch {batch}: 0, 1 or {BI // 16}")
     R, fmt = layout.rank, layout.format
     scale_col = layout.scale_offset // 4
     passes, groups = BI // 16, R // 128
+
+    @T.macro
+    def load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, buf, tile, row, last, width):
+        # NOTE: the slot goes through a one-element register buffer: a plain name bound in a macro is substituted as an expression at every use, which
+        # would re-read the index once per load
+        j = r * 16 + p // 8
+        col = tile * BI + j
+        slot_l = T.alloc_local([1], "int32")
+        slot_l[0] = T.if_then_else((col < width) & (tile < last),
+                                   Idx[row, T.min(col, width - 1)], -1)
+        if p % 8 == 0:
+            valid[st, j] = slot_l[0] >= 0
+        for u in T.unroll(groups):
+            for v in T.vectorized(16):
+                raw[buf, u, v] = KV[T.max(slot_l[0], 0), 128 * u + p % 8 * 16 + v]
+            if fmt is KVFormat.FP8_SCALED:
+                scl[buf, u] = T.if_then_else(slot_l[0] >= 0,
+                                             KVS[T.max(slot_l[0], 0), scale_col + u], 0.0)
+            else:
+                scl[buf, u] = T.if_then_else(slot_l[0] >= 0, 1.0, 0.0)
+
+    @T.macro
+    def store_pass(kv_s, raw, scl, p, st, r, buf):
+        for u in T.unroll(groups):
+            for v in T.vectorized(16):
+                kv_s[st, r * 16 + p // 8, 128 * u + p % 8 * 16 + v] = T.cast(
+                    T.cast(raw[buf, u, v], ACC) * scl[buf, u], "bfloat16")
 
     @T.macro
     def produce(KV, KVS, Idx, kv_s, valid, k_ready, k_free, row, first, last, rounds, width,
@@ -135,32 +176,29 @@ def _producer(layout: MlaKVLayout, BI: int, S: int, base: int, batch: int):
                                 T.access_ptr(KV[T.max(slot, 0), 64 * u + p % 8 * 8], "r", 8),
                                 8, slot >= 0)
                     T.cp_async_barrier_noinc(k_ready[st])
+                elif batch == 0:
+                    # one pass in flight: load pass r, widen it, then the next
+                    for r in T.unroll(passes):
+                        load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, 0, tile, row, last,
+                                  width)
+                        store_pass(kv_s, raw, scl, p, st, r, 0)
+                elif batch == passes:
+                    # every load of the tile first (16 x 16 B per thread: 32 KB in flight), then
+                    # widen and store them
+                    for r in T.unroll(passes):
+                        load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, r, tile, row, last,
+                                  width)
+                    for r in T.unroll(passes):
+                        store_pass(kv_s, raw, scl, p, st, r, r)
                 else:
-                    # ``batch`` passes of loads in flight (all 16 loads of a 64-row tile when
-                    # registers allow: 32 KB per tile), then widen and store them
-                    for b in T.unroll(passes // batch):
-                        for rb in T.unroll(batch):
-                            j = (b * batch + rb) * 16 + p // 8
-                            col = tile * BI + j
-                            slot = T.if_then_else((col < width) & (tile < last),
-                                                  Idx[row, T.min(col, width - 1)], -1)
-                            if p % 8 == 0:
-                                valid[st, j] = slot >= 0
-                            for u in T.unroll(groups):
-                                for v in T.vectorized(16):
-                                    raw[rb, u, v] = KV[T.max(slot, 0),
-                                                       128 * u + p % 8 * 16 + v]
-                                if fmt is KVFormat.FP8_SCALED:
-                                    scl[rb, u] = T.if_then_else(
-                                        slot >= 0, KVS[T.max(slot, 0), scale_col + u], 0.0)
-                                else:
-                                    scl[rb, u] = T.if_then_else(slot >= 0, 1.0, 0.0)
-                        for rb in T.unroll(batch):
-                            for u in T.unroll(groups):
-                                for v in T.vectorized(16):
-                                    kv_s[st, (b * batch + rb) * 16 + p // 8,
-                                         128 * u + p % 8 * 16 + v] = T.cast(
-                                        T.cast(raw[rb, u, v], ACC) * scl[rb, u], "bfloat16")
+                    # two passes in flight: load pass r, then widen pass r - 1 (the loads of
+                    # pass r are outstanding meanwhile); buffers alternate
+                    for r in T.unroll(passes + 1):
+                        if r < passes:
+                            load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, r % 2, tile, row,
+                                      last, width)
+                        if r > 0:
+                            store_pass(kv_s, raw, scl, p, st, r - 1, (r - 1) % 2)
                     T.fence_proxy_async()  # generic-proxy stores, read by wgmma (async proxy)
                     T.barrier_arrive(k_ready[st])
 
@@ -277,7 +315,7 @@ def wspv_program(layout: MlaKVLayout, block_i: int = 64):
         raise ValueError(f"wspv kernel: unsupported {layout} / block {block_i}")
     R, BI, HB, S = layout.rank, block_i, 64, 2
     RH = R // 2
-    produce = _producer(layout, BI, S, 256, WSPV_FP8_PASSES_IN_FLIGHT)
+    produce = _producer(layout, BI, S, 256, WSPV_FP8_BATCH[layout.format])
     fp8 = layout.format is not KVFormat.BF16
     regs0, regs1, regs_p = REGS_WSPV[layout.format]
 
@@ -302,9 +340,8 @@ def wspv_program(layout: MlaKVLayout, block_i: int = 64):
             T.copy(Q[row, h0:h0 + HB, :], q_s)
             if tx >= 256:
                 T.set_max_nreg(regs_p, 0)
-                npass = WSPV_FP8_PASSES_IN_FLIGHT
-                raw = T.alloc_local([npass, R // 128, 16], "float8_e4m3") if fp8 else None
-                scl = T.alloc_local([npass, R // 128], ACC) if fp8 else None
+                raw = T.alloc_local([2, R // 128, 16], "float8_e4m3") if fp8 else None
+                scl = T.alloc_local([2, R // 128], ACC) if fp8 else None
                 produce(KV, KVS, Idx, kv_s, valid, k_ready, k_free, row, first, last, rounds,
                         width, raw, scl)
             elif tx < 128:
