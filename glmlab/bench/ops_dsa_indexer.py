@@ -48,8 +48,9 @@ def bench_indexer(rows: int, quick: bool, ceilings: dict, sink, time_us, describ
             if variant == "previous" and sharing == "decode-private":
                 continue  # 8 requests per 64-row block: the round-2 kernel's worst case, slow
             try:
+                hint = {"rows_per_program": rows_per_request} if variant == "ours" else {}
                 row = _case(it, fn, fp8q, kf, ks, pages, pool_slots, w, pos, row_req, topk,
-                            quick, time_us)
+                            quick, time_us, hint)
             except Exception as e:
                 sink.add({**base, "variant": variant, "error": describe_error(e)})
                 continue
@@ -81,10 +82,10 @@ def _keys(stored, requests, num_pools, sharing, g):
     return kf, ks, pool_slots.expand(requests, num_pools).contiguous()
 
 
-def _case(it, fn, fp8q, kf, ks, pages, pool_slots, w, pos, row_req, topk, quick, time_us):
+def _case(it, fn, fp8q, kf, ks, pages, pool_slots, w, pos, row_req, topk, quick, time_us, hint):
     from glmlab.kernels.dsa.ref import indexer_scores_fp8_ref, select_ref
 
-    scores_fn = lambda: fn(*fp8q, kf, ks, w, pos, pages, row_req, 4, 128**-0.5)
+    scores_fn = lambda: fn(*fp8q, kf, ks, w, pos, pages, row_req, 4, 128**-0.5, **hint)
     scores = scores_fn()
     sel = it.select_topk_tokens(scores, pos, topk, 4, True)
     check = torch.tensor([0, 7, 9, 500, scores.shape[0] - 1], device=scores.device)

@@ -400,7 +400,8 @@ def paged_pages_per_program(row_blocks: int, num_pages: int, num_sms: int = 132)
 def pool_scores_fp8_paged(q_fp8: torch.Tensor, q_scale: torch.Tensor, keys_fp8: torch.Tensor,
                           key_scale: torch.Tensor, weights: torch.Tensor, query_pos: torch.Tensor,
                           page_table: torch.Tensor, row_request: torch.Tensor, kpool: int,
-                          softmax_scale: float) -> torch.Tensor:
+                          softmax_scale: float, rows_per_program: int | None = None
+                          ) -> torch.Tensor:
     """Indexer scores of a batch of requests over paged FP8 pooled keys, FP8 queries.
 
     Args:
@@ -411,11 +412,15 @@ def pool_scores_fp8_paged(q_fp8: torch.Tensor, q_scale: torch.Tensor, keys_fp8: 
             holds pools ``PAGE_POOLS*j ..`` in consecutive slots); -1 = no such page.
         row_request: [T] int32 request of each query row (rows of one request adjacent: the
             rows of a block then share their pages).
+        rows_per_program: rows per block (a power of two; default ``paged_rows_per_program``:
+            8 at 32 heads). A hint from the caller, who knows its batch: the rows per request
+            (8 for a verify block, 1 for plain decode, where an 8-row block would span 8
+            requests). Any value gives the same scores.
     Returns:
         [T, NP * PAGE_POOLS] fp32 scores over each row's pools, -inf for non-candidates
         (pool end after the query, or a missing page).
 
-    Rows go in blocks of ``paged_rows_per_program(HI)`` (8 at 32 heads); the FP8 MMA's M axis
+    Rows go in blocks of ``rows_per_program`` rows (8 at 32 heads); the FP8 MMA's M axis
     is (row, head), so a 64-pool key page meets all 256 query heads of a block in one dot and is
     read once per block. Two kernels share the blocks (each skips the other's): blocks of one
     request (a verify request's rows) run a software-pipelined loop over their pages; blocks
@@ -435,7 +440,9 @@ def pool_scores_fp8_paged(q_fp8: torch.Tensor, q_scale: torch.Tensor, keys_fp8: 
         return out
     if q_fp8.dtype != torch.float8_e4m3fn or keys_fp8.dtype != torch.float8_e4m3fn:
         raise ValueError(f"FP8 queries and keys expected, got {q_fp8.dtype} / {keys_fp8.dtype}")
-    rows = paged_rows_per_program(heads)
+    rows = rows_per_program or paged_rows_per_program(heads)
+    if rows & (rows - 1) or rows * heads < 16:
+        raise ValueError(f"rows_per_program {rows}: a power of two with rows x heads >= 16")
     blocks = triton.cdiv(t_len, rows)
     pages = paged_pages_per_program(blocks, num_pages)
     grid = (blocks, triton.cdiv(num_pages, pages))

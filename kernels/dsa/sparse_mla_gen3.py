@@ -398,6 +398,7 @@ def wspv_program(layout: MlaKVLayout, block_i: int = 64):
                 for it in T.serial(rounds):
                     for st in T.unroll(S):
                         T.barrier_wait(p_ready, (it * S + st) & 1)
+                        T.fence_proxy_async()  # the producer's rows, read by this wgmma
                         for h, d in T.Parallel(HB, RH):
                             acc_o1[h, d] *= alpha_s[h]
                         T.gemm(p_s, kv_s[st, :, RH:R], acc_o1)

@@ -113,6 +113,12 @@ def test_paged_fp8_scores_match_reference(requests, rows, pages, shared, heads, 
     q8, qs = it.quantize_index_queries(q)
     fn = it.pool_scores_fp8_paged if kernel == "mh" else it.pool_scores_fp8_paged_rowblock
     scores = fn(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
+    if kernel == "mh" and heads == 32:  # the caller's block-size hint changes no score
+        again = fn(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5,
+                   rows_per_program=1 if rows == 1 else 2)
+        assert torch.equal(torch.isfinite(again), torch.isfinite(scores))
+        assert_close("paged fp8 scores, other block size", scores[torch.isfinite(scores)],
+                     again[torch.isfinite(again)], "fp32_chunk")
     ref = paged_reference(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
     finite = torch.isfinite(ref)
     assert torch.equal(finite, torch.isfinite(scores)) and torch.isneginf(scores[~finite]).all()
@@ -191,6 +197,44 @@ def test_compiles_for_sm90_with_wgmma():
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-2:] == ["wgmma", "True"], res.stdout
+
+
+_AOT_PAGED = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from glmlab.kernels.dsa import indexer_triton as it
+sig = {"q_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "k_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
+       "w_ptr": "*fp32", "pos_ptr": "*i32", "req_ptr": "*i32", "pt_ptr": "*i32",
+       "out_ptr": "*fp32", "T": "i32", "P": "i32", "NP": "i32", "stride_pt": "i32",
+       "stride_ot": "i32", "softmax_scale": "fp32", "HI": "constexpr", "DI": "constexpr",
+       "KPOOL": "constexpr", "G": "constexpr", "PAGE": "constexpr", "PAGES": "constexpr"}
+for kern, g, warps in ((it._paged_scores_uniform_kernel, 8, 8), (it._paged_scores_mixed_kernel, 8, 8),
+                       (it._paged_scores_uniform_kernel, 1, 4)):
+    src = ASTSource(kern, sig, constexprs={"HI": 32, "DI": 128, "KPOOL": 4, "G": g, "PAGE": 64,
+                                           "PAGES": 32})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx = k.asm["ptx"]
+    print("wgmma-e4m3" if "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3" in ptx
+          else "mma-sync" if "mma.sync.aligned" in ptx else "none",
+          "local" if ".local" in ptx else "no-local")
+"""
+
+
+def test_paged_kernels_compile_for_sm90_with_fp8_mma():
+    """Ahead of time for Hopper: the 8-row (M = 256) blocks lower to e4m3 wgmma; the one-row
+    decode form (M = 32, below wgmma's 64) to mma.sync on keys widened to fp16 (exact); no
+    local-memory spills."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _AOT_PAGED], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.split("\n")
+    assert lines[:3] == ["wgmma-e4m3 no-local", "wgmma-e4m3 no-local", "mma-sync no-local"], lines
 
 
 @pytest.mark.gpu
