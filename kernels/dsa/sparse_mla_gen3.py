@@ -129,8 +129,8 @@ def _producer(layout: MlaKVLayout, BI: int, S: int, base: int, batch: int):
 
     @T.macro
     def load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, buf, tile, row, last, width):
-        # NOTE: the slot goes through a one-element register buffer: a plain name bound in a macro is substituted as an expression at every use, which
-        # would re-read the index once per load
+        # NOTE: the slot goes through a one-element register buffer: a plain name bound in a
+        # macro is substituted as an expression at every use (one index load per use)
         j = r * 16 + p // 8
         col = tile * BI + j
         slot_l = T.alloc_local([1], "int32")
@@ -176,29 +176,30 @@ def _producer(layout: MlaKVLayout, BI: int, S: int, base: int, batch: int):
                                 T.access_ptr(KV[T.max(slot, 0), 64 * u + p % 8 * 8], "r", 8),
                                 8, slot >= 0)
                     T.cp_async_barrier_noinc(k_ready[st])
-                elif batch == 0:
-                    # one pass in flight: load pass r, widen it, then the next
-                    for r in T.unroll(passes):
-                        load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, 0, tile, row, last,
-                                  width)
-                        store_pass(kv_s, raw, scl, p, st, r, 0)
-                elif batch == passes:
-                    # every load of the tile first (16 x 16 B per thread: 32 KB in flight), then
-                    # widen and store them
-                    for r in T.unroll(passes):
-                        load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, r, tile, row, last,
-                                  width)
-                    for r in T.unroll(passes):
-                        store_pass(kv_s, raw, scl, p, st, r, r)
                 else:
-                    # two passes in flight: load pass r, then widen pass r - 1 (the loads of
-                    # pass r are outstanding meanwhile); buffers alternate
-                    for r in T.unroll(passes + 1):
-                        if r < passes:
-                            load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, r % 2, tile, row,
+                    if batch == 0:
+                        # one pass in flight: load pass r, widen it, then the next
+                        for r in T.unroll(passes):
+                            load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, 0, tile, row,
                                       last, width)
-                        if r > 0:
-                            store_pass(kv_s, raw, scl, p, st, r - 1, (r - 1) % 2)
+                            store_pass(kv_s, raw, scl, p, st, r, 0)
+                    elif batch == passes:
+                        # every load of the tile first (16 x 16 B per thread: 32 KB in flight),
+                        # then widen and store them
+                        for r in T.unroll(passes):
+                            load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, r, tile, row,
+                                      last, width)
+                        for r in T.unroll(passes):
+                            store_pass(kv_s, raw, scl, p, st, r, r)
+                    else:
+                        # two passes in flight: load pass r, then widen pass r - 1 (the loads
+                        # of pass r are outstanding meanwhile); buffers alternate
+                        for r in T.unroll(passes + 1):
+                            if r < passes:
+                                load_pass(KV, KVS, Idx, valid, raw, scl, p, st, r, r % 2, tile,
+                                          row, last, width)
+                            if r > 0:
+                                store_pass(kv_s, raw, scl, p, st, r - 1, (r - 1) % 2)
                     T.fence_proxy_async()  # generic-proxy stores, read by wgmma (async proxy)
                     T.barrier_arrive(k_ready[st])
 

@@ -209,8 +209,8 @@ sig = {"q_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "k_ptr": "*fp8e4nv", "ks_ptr": "*
        "out_ptr": "*fp32", "T": "i32", "P": "i32", "NP": "i32", "stride_pt": "i32",
        "stride_ot": "i32", "softmax_scale": "fp32", "HI": "constexpr", "DI": "constexpr",
        "KPOOL": "constexpr", "G": "constexpr", "PAGE": "constexpr", "PAGES": "constexpr"}
-for kern, g, warps in ((it._paged_scores_uniform_kernel, 8, 8), (it._paged_scores_mixed_kernel, 8, 8),
-                       (it._paged_scores_uniform_kernel, 1, 4)):
+uni, mixed = it._paged_scores_uniform_kernel, it._paged_scores_mixed_kernel
+for kern, g, warps in ((uni, 8, 8), (mixed, 8, 8), (uni, 1, 4)):
     src = ASTSource(kern, sig, constexprs={"HI": 32, "DI": 128, "KPOOL": 4, "G": g, "PAGE": 64,
                                            "PAGES": 32})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})

@@ -142,6 +142,10 @@ def test_wspv_lowers_to_wgmma_within_the_register_pool(fmt):
     # PV halves: 64 x 256 wgmma tiles; QK: 64 x 64
     assert "64, 256, 16" in src and "64, 64, 16" in src
     assert "p_ready[0].arrive()" in src and "p_free[0].wait" in src
+    if fmt is KVFormat.BF16:  # every stage is signalled, by cp.async completion or by stores
+        assert "mbarrier_cp_async_arrive_noinc(k_ready[st])" in src
+    else:
+        assert "k_ready[st].arrive()" in src and "fence_proxy_async" in src
 
 
 @pytest.mark.slow
@@ -209,9 +213,12 @@ SHAPES = [(Schedule.SERIAL, 32, 1, 16, 1, 2112, None, 1),
           (Schedule.PIPELINED, 64, 2, 16, 4, 33, 256, 1),
           (Schedule.PIPELINED, 64, 2, 64, 2, 300, None, 1),
           (Schedule.PIPELINED, 64, 2, 64, 4, 33, None, 1),
-          (Schedule.WS1C, 64, 3, 16, 1, 2112, None, 4), (Schedule.WS1C, 64, 3, 16, 3, 300, None, 4),
-          (Schedule.WS1C, 64, 3, 16, 16, 130, None, 4), (Schedule.WS1C, 64, 2, 16, 1, 2051, None, 1),
-          (Schedule.WS1C, 64, 2, 16, 4, 33, None, 1), (Schedule.WS1C, 64, 3, 16, 1, 2051, None, 1),
+          (Schedule.WS1C, 64, 3, 16, 1, 2112, None, 4),
+          (Schedule.WS1C, 64, 3, 16, 3, 300, None, 4),
+          (Schedule.WS1C, 64, 3, 16, 16, 130, None, 4),
+          (Schedule.WS1C, 64, 2, 16, 1, 2051, None, 1),
+          (Schedule.WS1C, 64, 2, 16, 4, 33, None, 1),
+          (Schedule.WS1C, 64, 3, 16, 1, 2051, None, 1),
           (Schedule.WS1C, 64, 2, 16, 2, 300, None, 4),
           (Schedule.WSPV, 64, 2, 64, 1, 2112, None, 1), (Schedule.WSPV, 64, 2, 64, 3, 300, None, 1),
           (Schedule.WSPV, 64, 2, 64, 4, 33, None, 1), (Schedule.WSPV, 64, 2, 64, 16, 130, None, 1)]
@@ -245,8 +252,9 @@ def test_kernel_matches_reference(fmt, sched, block, stages, heads, splits, widt
 
 
 RULE_CASES = [
-    pytest.param(rows, heads, fmt, id=f"rule-{choose_block(H200, MlaKVLayout(fmt, 512), rows, heads).name}"
-                                      f"-M{rows}-h{heads}-{fmt.value}")
+    pytest.param(rows, heads, fmt,
+                 id=f"rule-{choose_block(H200, MlaKVLayout(fmt, 512), rows, heads).name}"
+                    f"-M{rows}-h{heads}-{fmt.value}")
     for rows, heads in [(264, 16), (5, 16), (40, 64), (3, 64)] for fmt in KVFormat]
 
 
