@@ -48,10 +48,12 @@ from glmlab.bench.ops_dsa_views import (  # noqa: E402, F401
     variant_speedups,
 )
 from glmlab.kernels.dsa.dispatch import (
+    ALL_SCHEDULES,
     GpuArch,
     Schedule,
     choose_block,
     choose_block_v1,
+    choose_block_v2,
     tile_iterations,
 )
 from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
@@ -67,7 +69,12 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--shapes", default="1056x16,128x16,8192x16,8192x64,32768x16,32768x64",
                    help="MxH query rows x heads")
     p.add_argument("--layouts", default="bf16,fp8_raw,fp8_scaled")
-    p.add_argument("--variants", default="rule,ws,pipelined,pipelined-t256,v1,sglang")
+    p.add_argument("--variants", default="rule,v2,ws1c-s2,ws1c-s3,ws1c-s2-q4,wspv,v1,sglang",
+                   help="rule (this rule's pick), v2 (the round-2 rule's pick: the previous "
+                        "version), v1 (first generation), ws1c-sS[-q4], wspv, ws, pipelined, "
+                        "pipelined-t256, sglang")
+    p.add_argument("--disable", default="",
+                   help="schedules the rule must not pick (their GPU tests failed), e.g. ws1c")
     p.add_argument("--sglang", default="", help="sglang's dsa/tilelang_kernel.py (peer)")
     p.add_argument("--context", type=int, default=16384, help="tokens per decode request")
     p.add_argument("--prefill-context", type=int, default=65536)
@@ -174,15 +181,35 @@ def torch_reference(q, kv, layout: MlaKVLayout, idx) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------- variants
-def our_configs(arch: GpuArch, lay: MlaKVLayout, m: int, h: int, names: list[str]) -> dict:
-    """Variant name -> SparseMlaConfig of our kernels for one shape (``rule`` first)."""
-    out = {"rule": choose_block(arch, lay, m, h)} if "rule" in names else {}
-    if "ws" in names and h % 64 == 0:  # 64-head CTAs only (sparse_mla_ws)
+def enabled_schedules(disable: str) -> frozenset:
+    """``--disable ws1c,wspv`` -> the schedules the rule may pick."""
+    return ALL_SCHEDULES - {Schedule(x) for x in disable.split(",") if x}
+
+
+def our_configs(arch: GpuArch, lay: MlaKVLayout, m: int, h: int, names: list[str],
+                enabled: frozenset = ALL_SCHEDULES) -> dict:
+    """Variant name -> SparseMlaConfig of our kernels for one shape (``rule`` first). Variants
+    of a disabled schedule are left out."""
+    from glmlab.kernels.dsa.sparse_mla_gen3 import ws1c_builds
+
+    out = {"rule": choose_block(arch, lay, m, h, enabled=enabled)} if "rule" in names else {}
+    if "v2" in names:
+        out["v2"] = choose_block_v2(arch, lay, m, h)
+    sixteen = h % 64 != 0
+    for name in names:
+        if name.startswith("ws1c-") and sixteen and Schedule.WS1C in enabled:
+            stages, qk = int(name.split("-")[1][1:]), 4 if name.endswith("-q4") else 1
+            if ws1c_builds(lay, stages, qk):
+                out[name] = choose_block(arch, lay, m, h, schedule=Schedule.WS1C, stages=stages,
+                                         qk_chunks=qk)
+    if "wspv" in names and not sixteen and Schedule.WSPV in enabled:
+        out["wspv"] = choose_block(arch, lay, m, h, schedule=Schedule.WSPV)
+    if "ws" in names and not sixteen:  # 64-head CTAs only (sparse_mla_ws)
         out["ws"] = choose_block(arch, lay, m, h, schedule=Schedule.WS)
     if lay.format is KVFormat.BF16:  # the pipelined kernel reads bf16 rows only
         if "pipelined" in names:
             out["pipelined"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED)
-        if "pipelined-t256" in names and h % 64:  # 16-head CTAs with eight warps
+        if "pipelined-t256" in names and sixteen:  # 16-head CTAs with eight warps
             out["pipelined-t256"] = choose_block(arch, lay, m, h, schedule=Schedule.PIPELINED,
                                                  threads=256)
     if "v1" in names:
@@ -240,10 +267,13 @@ def bench_shape(sm, peer_mod, m: int, h: int, lay: MlaKVLayout, work, args, ceil
             "index_width": INDEX_WIDTH, "padded_width": PADDED_WIDTH,
             "workload": "prefill" if m > 2048 else f"decode-{args.rows_per_request}-rows-share"}
     names = args.variants.split(",")
-    rule = choose_block(arch, lay, m, h)
-    times = {}
+    enabled = enabled_schedules(args.disable)
+    rule = choose_block(arch, lay, m, h, enabled=enabled)
+    previous = choose_block_v2(arch, lay, m, h)
+    times, configs = {}, {}
     q2 = sm.prescale_queries(q, SCALE)
-    for variant, cfg in our_configs(arch, lay, m, h, names).items():
+    for variant, cfg in our_configs(arch, lay, m, h, names, enabled).items():
+        configs[variant] = cfg
         extra = {"config": cfg.name, "splits": cfg.num_splits, "rule_pick": cfg == rule,
                  "tile_iterations": tile_iterations(PADDED_WIDTH, cfg.block_i)}
         try:
@@ -274,8 +304,13 @@ def bench_shape(sm, peer_mod, m: int, h: int, lay: MlaKVLayout, work, args, ceil
         best = min(times, key=times.get)
         ours = {k: v for k, v in times.items() if k != "sglang"}
         best_ours = min(ours, key=ours.get) if ours else ""
+        prev = [k for k, c in configs.items() if c == previous and k in times]
         sink.add({**base, "op": "sparse_mla_best", "best": best, "best_us": times[best],
                   "best_ours": best_ours,
+                  "best_ours_config": configs[best_ours].name if best_ours in configs else "",
+                  "previous": previous.name,
+                  "speedup_rule_over_previous": times[prev[0]] / times["rule"]
+                  if prev and "rule" in times else float("nan"),
                   "speedup_best_ours_over_sglang": times.get("sglang", float("nan"))
                   / ours.get(best_ours, float("nan")),
                   "rule": rule.name, "rule_is_best": times.get("rule") == times[best],
@@ -305,8 +340,9 @@ def bench_sparse_mla(args, ceilings: dict, arch: GpuArch, sink: Sink) -> None:
             sink.add({"op": "sparse_mla", "variant": "sglang", "error": _err(e)})
     layouts = [MlaKVLayout(KVFormat(x), RANK) for x in args.layouts.split(",")]
     t0 = time.perf_counter()
+    enabled = enabled_schedules(args.disable)
     jobs = [(lay, cfg) for m, h in _shapes(args.shapes) for lay in layouts
-            for cfg in our_configs(arch, lay, m, h, args.variants.split(",")).values()]
+            for cfg in our_configs(arch, lay, m, h, args.variants.split(","), enabled).values()]
     try:
         print(f"compiled {sm.precompile(jobs)} kernels in {time.perf_counter() - t0:.1f} s",
               flush=True)
@@ -326,19 +362,23 @@ def precompile_everything(args, arch: GpuArch) -> int:
     tests, so that later processes only load them."""
     from glmlab.kernels.dsa import sparse_mla_tilelang as sm
     from glmlab.kernels.dsa.dispatch import SparseMlaConfig
+    from glmlab.kernels.dsa.sparse_mla_gen3 import ws1c_builds
 
     layouts = [MlaKVLayout(KVFormat(x), RANK) for x in args.layouts.split(",")]
     jobs = {(lay, cfg) for m, h in _shapes(args.shapes) for lay in layouts
-            for cfg in our_configs(arch, lay, m, h, args.variants.split(",")).values()}
+            for cfg in our_configs(arch, lay, m, h, args.variants.split(","),
+                                   enabled_schedules(args.disable)).values()}
     for fmt in KVFormat:  # the test grid (tests/kernels/dsa/test_sparse_mla_tilelang.py)
         lay = MlaKVLayout(fmt, RANK)
-        for sched, block, hpc, threads in [(Schedule.SERIAL, 32, 16, 128),
-                                           (Schedule.SERIAL, 128, 64, 256),
-                                           (Schedule.WS, 64, 64, 384)] + (
-                [(Schedule.PIPELINED, 64, 16, 128), (Schedule.PIPELINED, 64, 16, 256),
-                 (Schedule.PIPELINED, 64, 64, 256)] if fmt is KVFormat.BF16 else []):
-            stages = 1 if sched is Schedule.SERIAL else 2
-            jobs.add((lay, SparseMlaConfig(block, hpc, 1, threads, sched, stages)))
+        grid = [SparseMlaConfig(32, 16, 1, 128), SparseMlaConfig(128, 64, 1, 256),
+                SparseMlaConfig(64, 64, 1, 384, Schedule.WS, 2),
+                SparseMlaConfig(64, 64, 1, 384, Schedule.WSPV, 2)]
+        grid += [SparseMlaConfig(64, 16, 1, 256, Schedule.WS1C, st, qk)
+                 for st, qk in ((2, 1), (3, 1), (2, 4), (3, 4)) if ws1c_builds(lay, st, qk)]
+        if fmt is KVFormat.BF16:
+            grid += [SparseMlaConfig(64, 16, 1, t, Schedule.PIPELINED, 2) for t in (128, 256)]
+            grid.append(SparseMlaConfig(64, 64, 1, 256, Schedule.PIPELINED, 2))
+        jobs.update((lay, cfg) for cfg in grid)
     for rank in (32, 64):
         jobs.add((MlaKVLayout(KVFormat.FP8_SCALED, rank), SparseMlaConfig(32, 16, 1, 128)))
     return sm.precompile(sorted(jobs, key=repr))

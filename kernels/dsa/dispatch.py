@@ -5,23 +5,24 @@ here touches a GPU, so the rule is unit-tested on CPU and printed beside every b
 
 Schedules (``Schedule``): ``SERIAL`` is the first-generation kernel (gather, sync, QK, softmax, PV
 in one loop; ``sparse_mla_tilelang.partial_program``); ``PIPELINED`` the ``T.Pipelined`` kernel
-with cp.async stages (bf16 rows); ``WS`` the warp-specialised 64-head kernel (a producer
-warpgroup gathers and dequantises two 64-row stages ahead of two consumer warpgroups,
-``sparse_mla_ws``).
+with cp.async stages (bf16 rows) and ``WS`` the seesaw warp-specialised 64-head kernel
+(``sparse_mla_ws``, second generation); ``WS1C`` (16 heads) and ``WSPV`` (64 heads) the third
+generation (``sparse_mla_gen3``): a producer warpgroup gathers, and for FP8 rows dequantises,
+into bf16 stages for consumer warpgroups that only compute.
 
-The rule, from the H200 run of 2026-12-02 (``glmlab.bench.ops_dsa`` ``sparse_mla_best`` rows;
-only schedules whose GPU tests passed there are eligible):
-- bf16 rows on SM90 (rank a multiple of 128): ``PIPELINED``, 64-column tiles, 2 stages; 64 heads
-  per CTA when the head count allows it, else 16 with 128 threads. Measured against the first
-  generation: 2.2x (64 heads, 8K-32K rows), 2.3-2.8x (16 heads, M 128-8K).
-- FP8 rows: ``SERIAL`` (``choose_block_v1``), the only FP8 schedule measured so far. The ws
-  kernel (the FP8 candidate) hung in that run; it is benchmarked beside the rule until measured.
+The rule (``pick_schedule``), 2026-12-03, before its first H200 run (predictions in NOTES.md;
+``enabled`` lets a benchmark leave out a schedule whose GPU tests failed, the rule then falls
+back to the round-2 rule, ``choose_block_v2``):
+- SM90, rank a multiple of 128 (FP8 scales per 128 channels), 64-column tiles: ``WSPV`` for
+  64-head CTAs, ``WS1C`` with 3 stages and a 4-chunk QK for 16-head CTAs, every layout.
+- Round-2 rule (H200, 2026-12-02): bf16 rows ``PIPELINED`` (2.2-2.8x over the first
+  generation), FP8 rows ``SERIAL``.
 - Otherwise ``choose_block_v1``: the first-generation rule, measured on H200 2026-11-30
   (data/bench/dsa.jsonl): heads per CTA 64 when possible (3.2-3.4x over four 16-head CTAs);
   ``block_i`` 128 for 64-head CTAs whose tile fits shared memory (1.23-1.34x over 32), else 32
   (16-head CTAs were 1.5-1.7x *slower* with 128: the serial loop needs several CTAs per SM).
 - KV splits, first generation: 1 when the grid covers every SM (Combine is then skipped), else
-  the smallest power of two that does, at most 16. Second generation (one CTA per SM: its
+  the smallest power of two that does, at most 16. Later generations (one CTA per SM: their
   stages fill shared memory): as many splits as still fit one wave, ``num_sms // CTAs`` (at
   most 16, at least 1). A second wave of equal CTAs costs as much as the first, so splitting
   128 CTAs in two on 132 SMs would only add the Combine.
@@ -65,14 +66,22 @@ H200 = GpuArch(9, 0, 132)
 
 class Schedule(enum.Enum):
     SERIAL = "serial"  # first generation: one loop, no overlap (sparse_mla_tilelang)
-    WS = "ws"  # producer warpgroup + two consumer warpgroups, 2 stages (sparse_mla_ws)
+    WS = "ws"  # producer warpgroup + two seesaw consumer warpgroups, 2 stages (sparse_mla_ws)
     PIPELINED = "pipelined"  # T.Pipelined cp.async stages (sparse_mla_ws)
+    WS1C = "ws1c"  # 16 heads: producer + one mma.sync consumer warpgroup (sparse_mla_gen3)
+    WSPV = "wspv"  # 64 heads: producer + QK/softmax/PV-left + PV-right (sparse_mla_gen3)
+
+
+THIRD_GENERATION = frozenset({Schedule.WS1C, Schedule.WSPV})
+ALL_SCHEDULES = frozenset(Schedule)
 
 
 def threads_for(schedule: Schedule, heads_per_cta: int) -> int:
     """Default thread count (pipelined 16-head CTAs may also run 256)."""
-    if schedule is Schedule.WS:
+    if schedule in (Schedule.WS, Schedule.WSPV):
         return 384
+    if schedule is Schedule.WS1C:
+        return 256
     return 256 if heads_per_cta == 64 else 128
 
 
@@ -89,7 +98,8 @@ class SparseMlaConfig:
     num_splits: int  # contiguous tile ranges per (row, head group), merged by Combine
     threads: int  # serial/pipelined: 128 (16 heads) or 256 (64); ws: 384
     schedule: Schedule = Schedule.SERIAL
-    stages: int = 1  # shared-memory KV stages (ws: 2; pipelined: 2 or 3)
+    stages: int = 1  # shared-memory KV stages (ws, wspv: 2; pipelined: 2 or 3; ws1c: 2-4)
+    qk_chunks: int = 1  # ws1c: S = Q K^T as 1 or 4 GEMMs over 512 / qk_chunks channels
 
     def __post_init__(self):
         if self.block_i not in (32, 64, 128) or self.heads_per_cta not in (16, 64):
@@ -104,19 +114,33 @@ class SparseMlaConfig:
                                              or self.heads_per_cta != 64):
             raise ValueError("the ws schedule runs 64-head CTAs over 64-column tiles in 2 "
                              "stages")
+        if self.schedule is Schedule.WSPV and (self.block_i != 64 or self.stages != 2
+                                               or self.heads_per_cta != 64):
+            raise ValueError("the wspv schedule runs 64-head CTAs over 64-column tiles in 2 "
+                             "stages")
+        if self.schedule is Schedule.WS1C and (self.block_i != 64 or self.stages not in (2, 3, 4)
+                                               or self.heads_per_cta != 16):
+            raise ValueError("the ws1c schedule runs 16-head CTAs over 64-column tiles in 2-4 "
+                             "stages")
+        if self.qk_chunks not in (1, 4) or (self.qk_chunks != 1
+                                            and self.schedule is not Schedule.WS1C):
+            raise ValueError(f"qk_chunks {self.qk_chunks}: 1, or 4 with the ws1c schedule")
 
     @property
     def name(self) -> str:
         """Short variant name for benchmark rows: ``ws-b64-h16``, ``serial-b32-h16``."""
-        stages = f"-s{self.stages}" if self.schedule is Schedule.PIPELINED else ""
+        multi = (Schedule.PIPELINED, Schedule.WS1C)
+        stages = f"-s{self.stages}" if self.schedule in multi else ""
         if self.threads != threads_for(self.schedule, self.heads_per_cta):
             stages += f"-t{self.threads}"
+        if self.qk_chunks != 1:
+            stages += f"-q{self.qk_chunks}"
         return f"{self.schedule.value}-b{self.block_i}-h{self.heads_per_cta}{stages}"
 
     def describe(self) -> str:
         return (f"schedule={self.schedule.value} block_i={self.block_i} "
                 f"heads_per_cta={self.heads_per_cta} splits={self.num_splits} "
-                f"threads={self.threads} stages={self.stages}")
+                f"threads={self.threads} stages={self.stages} qk_chunks={self.qk_chunks}")
 
 
 def tile_iterations(width: int, block_i: int) -> int:
@@ -153,29 +177,66 @@ def second_generation_reads(kv_layout: MlaKVLayout) -> bool:
     return kv_layout.rank % 128 == 0 and (kv_layout.num_scales == 0 or kv_layout.group == 128)
 
 
+def pick_schedule(arch: GpuArch, kv_layout: MlaKVLayout, heads_per_cta: int,
+                  block_i: int | None = None,
+                  enabled: frozenset[Schedule] = ALL_SCHEDULES) -> Schedule:
+    """The schedule the rule runs: the third generation where it reads the layout and is
+    enabled, else the round-2 rule (pipelined for bf16 rows, first generation otherwise).
+
+    ``enabled`` names the schedules trusted on this GPU (a benchmark leaves out a schedule
+    whose GPU tests failed); a forced tile width other than 64 means the first generation.
+    """
+    if arch.major != 9 or not second_generation_reads(kv_layout) or block_i not in (None, 64):
+        return Schedule.SERIAL
+    third = Schedule.WSPV if heads_per_cta == 64 else Schedule.WS1C
+    if third in enabled:
+        return third
+    if kv_layout.format is KVFormat.BF16 and Schedule.PIPELINED in enabled:
+        return Schedule.PIPELINED
+    return Schedule.SERIAL
+
+
+WS1C_STAGES, WS1C_QK_CHUNKS = 3, 4  # the predicted best ws1c form (NOTES.md, 2026-12-03)
+
+
 def choose_block(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int,
                  block_i: int | None = None, heads_per_cta: int | None = None,
                  schedule: Schedule | None = None, stages: int | None = None,
-                 threads: int | None = None) -> SparseMlaConfig:
+                 threads: int | None = None, qk_chunks: int | None = None,
+                 enabled: frozenset[Schedule] = ALL_SCHEDULES) -> SparseMlaConfig:
     """The kernel config for one call; the keyword arguments force a choice (benchmarks).
 
     Example:
         >>> from glmlab.kernels.dsa.layout import BF16_512
-        >>> choose_block(H200, BF16_512, query_rows=1024, heads=64).describe()
-        'schedule=pipelined block_i=64 heads_per_cta=64 splits=1 threads=256 stages=2'
+        >>> choose_block(H200, BF16_512, query_rows=1024, heads=64).name
+        'wspv-b64-h64'
+        >>> choose_block(H200, BF16_512, query_rows=1056, heads=16).name
+        'ws1c-b64-h16-s3-q4'
     """
-    if schedule is None:  # a forced tile width other than 64 means the first generation
-        second = (arch.major == 9 and second_generation_reads(kv_layout)
-                  and block_i in (None, 64) and kv_layout.format is KVFormat.BF16)
-        schedule = Schedule.PIPELINED if second else Schedule.SERIAL
+    if schedule is None:
+        hpc = heads_per_cta or heads_per_cta_for(heads)
+        schedule = pick_schedule(arch, kv_layout, hpc, block_i, enabled)
     if schedule is Schedule.SERIAL:
         return choose_block_v1(arch, kv_layout, query_rows, heads, block_i, heads_per_cta)
-    hpc = heads_per_cta or (64 if schedule is Schedule.WS else heads_per_cta_for(heads))
+    wide = (Schedule.WS, Schedule.WSPV)
+    hpc = heads_per_cta or (64 if schedule in wide else 16 if schedule is Schedule.WS1C
+                            else heads_per_cta_for(heads))
+    if schedule is Schedule.WS1C:
+        stages = stages or WS1C_STAGES
+        qk_chunks = qk_chunks or WS1C_QK_CHUNKS
     stages = stages or 2
     block_i = block_i or 64
     splits = splits_one_wave(arch, query_rows, heads, hpc)
     return SparseMlaConfig(block_i, hpc, splits, threads or threads_for(schedule, hpc), schedule,
-                           stages)
+                           stages, qk_chunks or 1)
+
+
+def choose_block_v2(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int
+                    ) -> SparseMlaConfig:
+    """The round-2 rule (H200, 2026-12-02): pipelined for bf16 rows, the first generation for
+    FP8 rows. Kept callable as the "previous version" of benchmarks."""
+    return choose_block(arch, kv_layout, query_rows, heads,
+                        enabled=ALL_SCHEDULES - THIRD_GENERATION)
 
 
 def choose_block_v1(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: int,

@@ -162,6 +162,118 @@ def _paged_scores_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, pos_ptr, req_ptr, 
 
 
 @triton.jit
+def _block_rows(req_ptr, T, pid_t, G: tl.constexpr):
+    rows = pid_t * G + tl.arange(0, G)  # [G]
+    t_ok = rows < T
+    req = tl.load(req_ptr + rows, mask=t_ok, other=0)
+    first = tl.min(tl.where(t_ok, req, 2147483647), axis=0)
+    uniform = tl.max(tl.where(t_ok, req, first), axis=0) == first
+    return rows, t_ok, req, first, uniform
+
+
+@triton.jit
+def _block_queries(q_ptr, qs_ptr, w_ptr, T, pid_t, softmax_scale, HI: tl.constexpr,
+                   DI: tl.constexpr, G: tl.constexpr):
+    # The MMA's M axis is (row, head): the block's G * HI query heads [G*HI, DI] (rows are
+    # contiguous in [T, HI, DI]), and relu(s * qs * ks * scale) * w == (w * qs * scale) *
+    # relu(s) * ks, as every scale is >= 0.
+    M: tl.constexpr = G * HI
+    offs_m = tl.arange(0, M)
+    m_ok = pid_t * G + offs_m // HI < T
+    offs_d = tl.arange(0, DI)
+    q = tl.load(q_ptr + (pid_t * M + offs_m)[:, None] * DI + offs_d[None, :],
+                mask=m_ok[:, None], other=0.0)  # [M, DI] e4m3
+    qw = tl.load(w_ptr + pid_t * M + offs_m, mask=m_ok, other=0.0) * tl.load(
+        qs_ptr + pid_t * M + offs_m, mask=m_ok, other=0.0) * softmax_scale  # [M]
+    return q, qw
+
+
+@triton.jit
+def _page_scores(q, qw, keys_t, ks, G: tl.constexpr, HI: tl.constexpr, PAGE: tl.constexpr):
+    s = tl.dot(q, keys_t)  # [G*HI, PAGE]: FP8 MMA, fp32 accumulation
+    s = tl.maximum(s, 0.0) * qw[:, None]
+    return tl.sum(tl.reshape(s, (G, HI, PAGE)), axis=1) * ks[None, :]  # [G, PAGE]
+
+
+@triton.jit
+def _paged_scores_uniform_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, pos_ptr, req_ptr, pt_ptr,
+                                 out_ptr, T, P, NP, stride_pt, stride_ot, softmax_scale,
+                                 HI: tl.constexpr, DI: tl.constexpr, KPOOL: tl.constexpr,
+                                 G: tl.constexpr, PAGE: tl.constexpr, PAGES: tl.constexpr):
+    # Blocks of G rows of ONE request (the rows of a verify request): one key page per column,
+    # a static loop over PAGES columns that Triton software-pipelines (keys prefetched).
+    pid_t, pid_p = tl.program_id(0), tl.program_id(1)
+    rows, t_ok, req, first, uniform = _block_rows(req_ptr, T, pid_t, G)
+    if not uniform:
+        return
+    q, qw = _block_queries(q_ptr, qs_ptr, w_ptr, T, pid_t, softmax_scale, HI, DI, G)
+    pos = tl.load(pos_ptr + rows, mask=t_ok, other=-1)
+    offs_j = tl.arange(0, PAGE)
+    offs_d = tl.arange(0, DI)
+    offs_c = tl.arange(0, PAGES)
+    cols = pid_p * PAGES + offs_c
+    bases = tl.load(pt_ptr + first * stride_pt + cols, mask=cols < NP, other=-1)  # [PAGES]
+    # NOTE: keys of the next page are loaded (into registers: 32 B per thread) before this
+    # page's dot, by hand: Triton 3.7's pipeliner does not stage this key load.
+    base = tl.max(tl.where(offs_c == 0, bases, -1), axis=0)
+    keys_t, ks = _page_keys(k_ptr, ks_ptr, base, offs_j, offs_d, DI)
+    for c in range(PAGES):
+        base_n = tl.max(tl.where(offs_c == c + 1, bases, -1), axis=0)
+        keys_n, ks_n = _page_keys(k_ptr, ks_ptr, base_n, offs_j, offs_d, DI)
+        acc = _page_scores(q, qw, keys_t, ks, G, HI, PAGE)
+        pools = (pid_p * PAGES + c) * PAGE + offs_j
+        candidate = ((pools * KPOOL + (KPOOL - 1))[None, :] <= pos[:, None]) & (base >= 0)
+        tl.store(out_ptr + rows[:, None] * stride_ot + pools[None, :],
+                 tl.where(candidate, acc, float("-inf")),
+                 mask=t_ok[:, None] & (pools < P)[None, :])
+        base, keys_t, ks = base_n, keys_n, ks_n
+
+
+@triton.jit
+def _page_keys(k_ptr, ks_ptr, base, offs_j, offs_d, DI: tl.constexpr):
+    """A page's keys as [DI, PAGE] e4m3 (the dot's K-major B) and its [PAGE] scales; zeros for
+    a missing page (base < 0)."""
+    ok = base >= 0
+    slots = tl.maximum(base, 0) + offs_j
+    keys_t = tl.load(k_ptr + slots[None, :] * DI + offs_d[:, None], mask=ok, other=0.0)
+    return keys_t, tl.load(ks_ptr + slots, mask=ok, other=0.0)
+
+
+@triton.jit
+def _paged_scores_mixed_kernel(q_ptr, qs_ptr, k_ptr, ks_ptr, w_ptr, pos_ptr, req_ptr, pt_ptr,
+                               out_ptr, T, P, NP, stride_pt, stride_ot, softmax_scale,
+                               HI: tl.constexpr, DI: tl.constexpr, KPOOL: tl.constexpr,
+                               G: tl.constexpr, PAGE: tl.constexpr, PAGES: tl.constexpr):
+    # Blocks whose G rows span requests: one key tile per distinct page among the rows (a
+    # prefix shared by the rows is read once), the other rows' results discarded.
+    pid_t, pid_p = tl.program_id(0), tl.program_id(1)
+    rows, t_ok, req, first, uniform = _block_rows(req_ptr, T, pid_t, G)
+    if not uniform:
+        q, qw = _block_queries(q_ptr, qs_ptr, w_ptr, T, pid_t, softmax_scale, HI, DI, G)
+        pos = tl.load(pos_ptr + rows, mask=t_ok, other=-1)
+        offs_j = tl.arange(0, PAGE)
+        offs_d = tl.arange(0, DI)
+        for c in range(PAGES):
+            col = pid_p * PAGES + c
+            base = tl.load(pt_ptr + req * stride_pt + col, mask=t_ok & (col < NP), other=-1)
+            todo = t_ok & (base >= 0)
+            acc = tl.zeros([G, PAGE], dtype=tl.float32)
+            while tl.sum(todo.to(tl.int32), axis=0) > 0:
+                b = tl.min(tl.where(todo, base, 2147483647), axis=0)
+                on_b = todo & (base == b)
+                keys_t = tl.load(k_ptr + (b + offs_j)[None, :] * DI + offs_d[:, None])
+                part = _page_scores(q, qw, keys_t, tl.load(ks_ptr + b + offs_j), G, HI, PAGE)
+                acc = tl.where(on_b[:, None], part, acc)
+                todo = todo & (base != b)
+            pools = col * PAGE + offs_j
+            candidate = (((pools * KPOOL + (KPOOL - 1))[None, :] <= pos[:, None])
+                         & (base >= 0)[:, None])
+            tl.store(out_ptr + rows[:, None] * stride_ot + pools[None, :],
+                     tl.where(candidate, acc, float("-inf")),
+                     mask=t_ok[:, None] & (pools < P)[None, :])
+
+
+@triton.jit
 def _select_in_registers_kernel(score_ptr, pos_ptr, out_ptr, P, stride_s, stride_o,
                                 K: tl.constexpr, KPOOL: tl.constexpr, TAIL: tl.constexpr,
                                 BLOCK: tl.constexpr):
@@ -270,11 +382,90 @@ def dequantize_index_queries(q_fp8: torch.Tensor, q_scale: torch.Tensor) -> torc
     return q_fp8.float() * q_scale.float()[..., None]
 
 
+def paged_rows_per_program(heads: int) -> int:
+    """Query rows per program of the (row, head)-M kernels: M = rows * heads = 256 (a verify
+    request's 8 rows at 32 index heads fill it and share each page)."""
+    return max(1, 256 // heads)
+
+
+def paged_pages_per_program(row_blocks: int, num_pages: int, num_sms: int = 132) -> int:
+    """Page columns per program: as many as keep >= 4 programs per SM (each program loads its
+    queries once and pipelines its key pages), at most 32, a power of two."""
+    pages = 32
+    while pages > 1 and row_blocks * -(-num_pages // pages) < 4 * num_sms:
+        pages //= 2
+    return max(1, min(pages, num_pages))
+
+
 def pool_scores_fp8_paged(q_fp8: torch.Tensor, q_scale: torch.Tensor, keys_fp8: torch.Tensor,
                           key_scale: torch.Tensor, weights: torch.Tensor, query_pos: torch.Tensor,
                           page_table: torch.Tensor, row_request: torch.Tensor, kpool: int,
-                          softmax_scale: float) -> torch.Tensor:
+                          softmax_scale: float, rows_per_program: int | None = None
+                          ) -> torch.Tensor:
     """Indexer scores of a batch of requests over paged FP8 pooled keys, FP8 queries.
+
+    Args:
+        q_fp8, q_scale: [T, HI, DI] e4m3 and [T, HI] fp32 (``quantize_index_queries``).
+        keys_fp8, key_scale: [S, DI] e4m3 and [S] fp32: the pool-key store (S slots).
+        weights: [T, HI] fp32 (already x HI^-0.5).  query_pos: [T] position in its sequence.
+        page_table: [B, NP] int32: slot of pool ``PAGE_POOLS * j`` of request b (its page j
+            holds pools ``PAGE_POOLS*j ..`` in consecutive slots); -1 = no such page.
+        row_request: [T] int32 request of each query row (rows of one request adjacent: the
+            rows of a block then share their pages).
+        rows_per_program: rows per block (a power of two; default ``paged_rows_per_program``:
+            8 at 32 heads). A hint from the caller, who knows its batch: the rows per request
+            (8 for a verify block, 1 for plain decode, where an 8-row block would span 8
+            requests). Any value gives the same scores.
+    Returns:
+        [T, NP * PAGE_POOLS] fp32 scores over each row's pools, -inf for non-candidates
+        (pool end after the query, or a missing page).
+
+    Rows go in blocks of ``rows_per_program`` rows (8 at 32 heads); the FP8 MMA's M axis
+    is (row, head), so a 64-pool key page meets all 256 query heads of a block in one dot and is
+    read once per block. Two kernels share the blocks (each skips the other's): blocks of one
+    request (a verify request's rows) run a software-pipelined loop over their pages; blocks
+    that span requests read one key tile per distinct page among their rows (a shared prefix
+    once) and discard the other rows' results. HI must be a power of two (else the round-2
+    kernel, ``pool_scores_fp8_paged_rowblock``, runs).
+    """
+    t_len, heads, dim = q_fp8.shape
+    if heads & (heads - 1):
+        return pool_scores_fp8_paged_rowblock(q_fp8, q_scale, keys_fp8, key_scale, weights,
+                                              query_pos, page_table, row_request, kpool,
+                                              softmax_scale)
+    num_pages = page_table.shape[1]
+    num_pools = num_pages * PAGE_POOLS
+    out = torch.empty(t_len, num_pools, dtype=torch.float32, device=q_fp8.device)
+    if t_len == 0 or num_pools == 0:
+        return out
+    if q_fp8.dtype != torch.float8_e4m3fn or keys_fp8.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"FP8 queries and keys expected, got {q_fp8.dtype} / {keys_fp8.dtype}")
+    rows = rows_per_program or paged_rows_per_program(heads)
+    if rows & (rows - 1) or rows * heads < 16:
+        raise ValueError(f"rows_per_program {rows}: a power of two with rows x heads >= 16")
+    blocks = triton.cdiv(t_len, rows)
+    pages = paged_pages_per_program(blocks, num_pages)
+    grid = (blocks, triton.cdiv(num_pages, pages))
+    pt = page_table.to(torch.int32).contiguous()
+    args = (q_fp8.contiguous(), q_scale.float().contiguous(), keys_fp8.contiguous(),
+            key_scale.float().contiguous(), weights.float().contiguous(),
+            query_pos.to(torch.int32).contiguous(), row_request.to(torch.int32).contiguous(), pt,
+            out, t_len, num_pools, num_pages, pt.stride(0), out.stride(0), softmax_scale)
+    meta = dict(HI=heads, DI=dim, KPOOL=kpool, G=rows, PAGE=PAGE_POOLS, PAGES=pages,
+                num_warps=8 if rows * heads >= 256 else 4)
+    _paged_scores_uniform_kernel[grid](*args, **meta)
+    _paged_scores_mixed_kernel[grid](*args, **meta)
+    return out
+
+
+def pool_scores_fp8_paged_rowblock(q_fp8: torch.Tensor, q_scale: torch.Tensor,
+                                   keys_fp8: torch.Tensor, key_scale: torch.Tensor,
+                                   weights: torch.Tensor, query_pos: torch.Tensor,
+                                   page_table: torch.Tensor, row_request: torch.Tensor,
+                                   kpool: int, softmax_scale: float) -> torch.Tensor:
+    """``pool_scores_fp8_paged`` by the round-2 kernel (benchmarks' previous version): a 64-row
+    block per program, one dot per head with the block's rows as M, so rows of different pages
+    in one block each cost a whole masked dot.
 
     Args:
         q_fp8, q_scale: [T, HI, DI] e4m3 and [T, HI] fp32 (``quantize_index_queries``).

@@ -1,9 +1,11 @@
 """Absorbed sparse MLA on Hopper in TileLang: Partial kernels, a Combine kernel, the launchers.
 
-Two generations of Partial share one contract and one Combine. The first (``partial_program``,
-``Schedule.SERIAL``, below) runs a serial tile loop; the second (``sparse_mla_ws``: warp-specialised
-or ``T.Pipelined``) overlaps the gather with the MMAs. ``sparse_mla_fwd`` / ``sparse_mla`` run
-whatever ``dispatch.choose_block`` picks; ``sparse_mla_fwd_v1`` / ``sparse_mla_v1`` keep the first
+Three generations of Partial share one contract and one Combine. The first (``partial_program``,
+``Schedule.SERIAL``, below) runs a serial tile loop; the second (``sparse_mla_ws``: seesaw
+warp-specialised or ``T.Pipelined``) overlaps the gather with the MMAs; the third
+(``sparse_mla_gen3``) gives the gather and the FP8 dequantisation to a producer warpgroup and the
+MMAs to consumer warpgroups. ``sparse_mla_fwd`` / ``sparse_mla`` run whatever
+``dispatch.choose_block`` picks; ``sparse_mla_fwd_v1`` / ``sparse_mla_v1`` keep the first
 generation callable under its own rule (``choose_block_v1``) for benchmarks.
 
 First-generation Partial, one CTA per (head group, query row, KV split):
@@ -32,7 +34,7 @@ import tilelang
 import tilelang.language as T
 import torch
 
-from glmlab.kernels.dsa import sparse_mla_ws
+from glmlab.kernels.dsa import sparse_mla_gen3, sparse_mla_ws
 from glmlab.kernels.dsa.dispatch import (
     GpuArch,
     Schedule,
@@ -186,13 +188,17 @@ _KERNELS: dict[tuple, object] = {}
 
 def _partial_key(layout: MlaKVLayout, config: SparseMlaConfig) -> tuple:
     return ("partial", layout, config.block_i, config.heads_per_cta, config.threads,
-            config.schedule, config.stages)
+            config.schedule, config.stages, config.qk_chunks)
 
 
 def _program(key: tuple):
     if key[0] != "partial":
         return combine_program(key[1])
-    _, layout, block_i, heads_per_cta, threads, schedule, stages = key
+    _, layout, block_i, heads_per_cta, threads, schedule, stages, qk_chunks = key
+    if schedule is Schedule.WS1C:
+        return sparse_mla_gen3.ws1c_program(layout, block_i, stages, qk_chunks)
+    if schedule is Schedule.WSPV:
+        return sparse_mla_gen3.wspv_program(layout, block_i)
     if schedule is Schedule.WS:
         return sparse_mla_ws.ws_program(layout, block_i, heads_per_cta)
     if schedule is Schedule.PIPELINED:
@@ -300,7 +306,7 @@ def sparse_mla_fwd(q: torch.Tensor, kv: torch.Tensor, layout: MlaKVLayout, indic
     t_len, heads, rank = q.shape
     if config is None:
         config = choose_block(GpuArch.current(q.device), layout, t_len, heads)
-    if config.schedule is not Schedule.SERIAL and not sparse_mla_ws.supports(layout):
+    if config.schedule is not Schedule.SERIAL and not sparse_mla_gen3.supports(layout):
         raise ValueError(f"{config.schedule.value} kernels cannot read {layout}")
     if config.schedule is Schedule.PIPELINED and layout.format is not KVFormat.BF16:
         raise ValueError(f"the pipelined kernel reads bf16 rows only, not {layout}")

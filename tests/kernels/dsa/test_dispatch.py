@@ -5,13 +5,17 @@ from __future__ import annotations
 import pytest
 
 from glmlab.kernels.dsa.dispatch import (
+    ALL_SCHEDULES,
     H200,
     SM90_SMEM_PER_CTA,
+    THIRD_GENERATION,
     GpuArch,
     Schedule,
     SparseMlaConfig,
     choose_block,
     choose_block_v1,
+    choose_block_v2,
+    pick_schedule,
     smem_bytes,
     tile_iterations,
 )
@@ -47,26 +51,56 @@ def test_rule_v1(arch, layout, rows, heads, block, hpc, splits):
 
 
 PIPE = Schedule.PIPELINED
+WS1C, WSPV = Schedule.WS1C, Schedule.WSPV
 
 
 @pytest.mark.parametrize("arch,layout,rows,heads,schedule,hpc,splits", [
-    pytest.param(H200, BF16_512, 1056, 16, PIPE, 16, 1, id="decode-verify-TP4-pipelined"),
-    pytest.param(H200, BF16_512, 32768, 64, PIPE, 64, 1, id="prefill-64heads-pipelined"),
-    pytest.param(H200, BF16_512, 128, 16, PIPE, 16, 1, id="M128-one-wave-no-split"),
-    pytest.param(H200, BF16_512, 40, 16, PIPE, 16, 3, id="few-rows-fill-one-wave"),
-    pytest.param(H200, BF16_512, 1, 64, PIPE, 64, 16, id="one-row-max-splits"),
-    pytest.param(H200, FP8_SCALED_512, 32768, 64, Schedule.SERIAL, 64, 1, id="fp8-first-gen"),
-    pytest.param(H200, FP8_RAW_512, 64, 16, Schedule.SERIAL, 16, 4, id="fp8-v1-splits"),
+    pytest.param(H200, BF16_512, 1056, 16, WS1C, 16, 1, id="decode-verify-TP4-ws1c"),
+    pytest.param(H200, FP8_RAW_512, 1056, 16, WS1C, 16, 1, id="decode-verify-fp8-ws1c"),
+    pytest.param(H200, FP8_SCALED_512, 1056, 16, WS1C, 16, 1, id="decode-verify-528B-ws1c"),
+    pytest.param(H200, BF16_512, 32768, 64, WSPV, 64, 1, id="prefill-64heads-wspv"),
+    pytest.param(H200, FP8_SCALED_512, 8192, 64, WSPV, 64, 1, id="prefill-fp8-wspv"),
+    pytest.param(H200, BF16_512, 128, 16, WS1C, 16, 1, id="M128-one-wave-no-split"),
+    pytest.param(H200, BF16_512, 40, 16, WS1C, 16, 3, id="few-rows-fill-one-wave"),
+    pytest.param(H200, FP8_RAW_512, 1, 64, WSPV, 64, 16, id="one-row-max-splits"),
     pytest.param(H200, MlaKVLayout(KVFormat.BF16, 64), 5, 16, Schedule.SERIAL, 16, 16,
                  id="small-rank-first-generation"),
+    pytest.param(H200, MlaKVLayout(KVFormat.FP8_SCALED, 512, scale_group=64), 64, 16,
+                 Schedule.SERIAL, 16, 4, id="scale-group-64-first-generation"),
     pytest.param(A100, BF16_512, 1024, 64, Schedule.SERIAL, 64, 1, id="not-sm90"),
 ])
 def test_rule(arch, layout, rows, heads, schedule, hpc, splits):
     cfg = choose_block(arch, layout, rows, heads)
     assert (cfg.schedule, cfg.heads_per_cta, cfg.num_splits) == (schedule, hpc, splits)
+    if schedule is WS1C:
+        assert (cfg.block_i, cfg.stages, cfg.threads, cfg.qk_chunks) == (64, 3, 256, 4)
+        assert cfg.name == "ws1c-b64-h16-s3-q4"
+    if schedule is WSPV:
+        assert (cfg.block_i, cfg.stages, cfg.threads, cfg.name) == (64, 2, 384, "wspv-b64-h64")
+
+
+@pytest.mark.parametrize("layout,heads,enabled,schedule", [
+    pytest.param(BF16_512, 16, ALL_SCHEDULES - {WS1C}, PIPE, id="ws1c-off-bf16-pipelined"),
+    pytest.param(FP8_RAW_512, 16, ALL_SCHEDULES - {WS1C}, Schedule.SERIAL, id="ws1c-off-fp8-v1"),
+    pytest.param(BF16_512, 64, ALL_SCHEDULES - {WSPV}, PIPE, id="wspv-off-bf16-pipelined"),
+    pytest.param(FP8_SCALED_512, 64, ALL_SCHEDULES - {WSPV}, Schedule.SERIAL,
+                 id="wspv-off-fp8-v1"),
+    pytest.param(BF16_512, 16, ALL_SCHEDULES - {WSPV}, WS1C, id="other-off-no-effect"),
+    pytest.param(BF16_512, 64, frozenset({Schedule.SERIAL}), Schedule.SERIAL, id="only-v1"),
+])
+def test_rule_falls_back_when_a_schedule_is_disabled(layout, heads, enabled, schedule):
+    assert pick_schedule(H200, layout, 64 if heads == 64 else 16, None, enabled) is schedule
+    assert choose_block(H200, layout, 1056, heads, enabled=enabled).schedule is schedule
+
+
+@pytest.mark.parametrize("layout,heads,schedule", [
+    (BF16_512, 16, PIPE), (BF16_512, 64, PIPE), (FP8_RAW_512, 16, Schedule.SERIAL),
+    (FP8_SCALED_512, 64, Schedule.SERIAL)])
+def test_round2_rule_is_the_previous_version(layout, heads, schedule):
+    cfg = choose_block_v2(H200, layout, 1056, heads)
+    assert cfg.schedule is schedule and cfg.schedule not in THIRD_GENERATION
     if schedule is PIPE:
-        assert (cfg.block_i, cfg.stages, cfg.threads) == (64, 2, 256 if hpc == 64 else 128)
-        assert cfg.name == f"pipelined-b64-h{hpc}-s2"
+        assert cfg.name == f"pipelined-b64-h{heads}-s2"
 
 
 def test_forced_choices_and_validation():
@@ -89,3 +123,13 @@ def test_forced_choices_and_validation():
     assert (cfg.heads_per_cta, cfg.threads, cfg.name) == (64, 384, "ws-b64-h64")
     cfg = choose_block(H200, BF16_512, 8192, 16, schedule=PIPE, threads=256)
     assert (cfg.threads, cfg.stages, cfg.name) == (256, 2, "pipelined-b64-h16-s2-t256")
+    cfg = choose_block(H200, FP8_RAW_512, 1056, 16, schedule=WS1C, stages=2, qk_chunks=1)
+    assert (cfg.threads, cfg.name) == (256, "ws1c-b64-h16-s2")
+    with pytest.raises(ValueError, match="ws1c schedule runs 16-head"):
+        SparseMlaConfig(64, 64, 1, 256, WS1C, 3)
+    with pytest.raises(ValueError, match="2-4"):
+        SparseMlaConfig(64, 16, 1, 256, WS1C, 5)
+    with pytest.raises(ValueError, match="qk_chunks"):
+        SparseMlaConfig(64, 64, 1, 384, WSPV, 2, 4)
+    with pytest.raises(ValueError, match="wspv"):
+        SparseMlaConfig(64, 64, 1, 384, WSPV, 3)

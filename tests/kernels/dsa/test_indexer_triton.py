@@ -98,19 +98,38 @@ def paged_reference(q8, qs, keys_fp8, key_scale, w, pos, table, row_req, kpool, 
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("requests,rows,pages,shared", [
-    pytest.param(3, 5, 2, 1, id="shared-prefix-page-block-spans-requests"),
-    pytest.param(2, 3, 2, 0, id="all-private"),
-    pytest.param(4, 20, 1, 1, id="one-page-shared-by-all-64-row-block"),
+@pytest.mark.parametrize("kernel", ["mh", "rowblock"])
+@pytest.mark.parametrize("requests,rows,pages,shared,heads", [
+    pytest.param(3, 5, 2, 1, 2, id="shared-prefix-page-block-spans-requests"),
+    pytest.param(2, 3, 2, 0, 2, id="all-private"),
+    pytest.param(4, 20, 1, 1, 2, id="one-page-shared-by-all-64-row-block"),
+    pytest.param(3, 8, 3, 1, 32, id="verify-blocks-of-one-request-pipelined"),
+    pytest.param(2, 11, 2, 0, 32, id="requests-of-11-rows-uniform-and-mixed-blocks"),
+    pytest.param(5, 1, 2, 2, 32, id="decode-one-row-per-request-shared-prefix"),
+    pytest.param(2, 4, 2, 1, 24, id="heads-not-a-power-of-two-round2-kernel"),
 ])
-def test_paged_fp8_scores_match_reference(requests, rows, pages, shared):
-    q, kf, ks, w, pos, table, row_req = paged_batch(requests, rows, pages, 2, 16, shared)
+def test_paged_fp8_scores_match_reference(requests, rows, pages, shared, heads, kernel):
+    q, kf, ks, w, pos, table, row_req = paged_batch(requests, rows, pages, heads, 16, shared)
     q8, qs = it.quantize_index_queries(q)
-    scores = it.pool_scores_fp8_paged(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
+    fn = it.pool_scores_fp8_paged if kernel == "mh" else it.pool_scores_fp8_paged_rowblock
+    scores = fn(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
+    if kernel == "mh" and heads == 32:  # the caller's block-size hint changes no score
+        again = fn(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5,
+                   rows_per_program=1 if rows == 1 else 2)
+        assert torch.equal(torch.isfinite(again), torch.isfinite(scores))
+        assert_close("paged fp8 scores, other block size", scores[torch.isfinite(scores)],
+                     again[torch.isfinite(again)], "fp32_chunk")
     ref = paged_reference(q8, qs, kf, ks, w, pos, table, row_req, 4, 16**-0.5)
     finite = torch.isfinite(ref)
     assert torch.equal(finite, torch.isfinite(scores)) and torch.isneginf(scores[~finite]).all()
     assert_close("paged fp8 scores", ref[finite], scores[finite], "fp32_chunk")
+
+
+def test_paged_program_shape_rules():
+    assert it.paged_rows_per_program(32) == 8 and it.paged_rows_per_program(64) == 4
+    assert it.paged_pages_per_program(132, 256) == 32  # 132 x 8 programs >= 4 per SM
+    assert it.paged_pages_per_program(40, 256) == 16  # 40 x 16 programs
+    assert it.paged_pages_per_program(1, 256) == 1 and it.paged_pages_per_program(1, 1) == 1
 
 
 def test_query_quantiser_round_trips_within_e4m3():
@@ -178,6 +197,44 @@ def test_compiles_for_sm90_with_wgmma():
                          timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-2:] == ["wgmma", "True"], res.stdout
+
+
+_AOT_PAGED = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from glmlab.kernels.dsa import indexer_triton as it
+sig = {"q_ptr": "*fp8e4nv", "qs_ptr": "*fp32", "k_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
+       "w_ptr": "*fp32", "pos_ptr": "*i32", "req_ptr": "*i32", "pt_ptr": "*i32",
+       "out_ptr": "*fp32", "T": "i32", "P": "i32", "NP": "i32", "stride_pt": "i32",
+       "stride_ot": "i32", "softmax_scale": "fp32", "HI": "constexpr", "DI": "constexpr",
+       "KPOOL": "constexpr", "G": "constexpr", "PAGE": "constexpr", "PAGES": "constexpr"}
+uni, mixed = it._paged_scores_uniform_kernel, it._paged_scores_mixed_kernel
+for kern, g, warps in ((uni, 8, 8), (mixed, 8, 8), (uni, 1, 4)):
+    src = ASTSource(kern, sig, constexprs={"HI": 32, "DI": 128, "KPOOL": 4, "G": g, "PAGE": 64,
+                                           "PAGES": 32})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx = k.asm["ptx"]
+    print("wgmma-e4m3" if "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3" in ptx
+          else "mma-sync" if "mma.sync.aligned" in ptx else "none",
+          "local" if ".local" in ptx else "no-local")
+"""
+
+
+def test_paged_kernels_compile_for_sm90_with_fp8_mma():
+    """Ahead of time for Hopper: the 8-row (M = 256) blocks lower to e4m3 wgmma; the one-row
+    decode form (M = 32, below wgmma's 64) to mma.sync on keys widened to fp16 (exact); no
+    local-memory spills."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", _AOT_PAGED], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.split("\n")
+    assert lines[:3] == ["wgmma-e4m3 no-local", "wgmma-e4m3 no-local", "mma-sync no-local"], lines
 
 
 @pytest.mark.gpu
