@@ -74,6 +74,10 @@ class Schedule(enum.Enum):
 
 THIRD_GENERATION = frozenset({Schedule.WS1C, Schedule.WSPV})
 ALL_SCHEDULES = frozenset(Schedule)
+# What the model path runs: the schedules that passed their GPU tests on an H200. The third
+# generation was built and compiled on 2026-12-03 but has not run on a GPU yet; benchmarks and
+# its tests enable it explicitly, and it joins this set after its first passing H200 run.
+VALIDATED = ALL_SCHEDULES - THIRD_GENERATION
 
 
 def threads_for(schedule: Schedule, heads_per_cta: int) -> int:
@@ -179,7 +183,7 @@ def second_generation_reads(kv_layout: MlaKVLayout) -> bool:
 
 def pick_schedule(arch: GpuArch, kv_layout: MlaKVLayout, heads_per_cta: int,
                   block_i: int | None = None,
-                  enabled: frozenset[Schedule] = ALL_SCHEDULES) -> Schedule:
+                  enabled: frozenset[Schedule] = VALIDATED) -> Schedule:
     """The schedule the rule runs: the third generation where it reads the layout and is
     enabled, else the round-2 rule (pipelined for bf16 rows, first generation otherwise).
 
@@ -203,14 +207,14 @@ def choose_block(arch: GpuArch, kv_layout: MlaKVLayout, query_rows: int, heads: 
                  block_i: int | None = None, heads_per_cta: int | None = None,
                  schedule: Schedule | None = None, stages: int | None = None,
                  threads: int | None = None, qk_chunks: int | None = None,
-                 enabled: frozenset[Schedule] = ALL_SCHEDULES) -> SparseMlaConfig:
+                 enabled: frozenset[Schedule] = VALIDATED) -> SparseMlaConfig:
     """The kernel config for one call; the keyword arguments force a choice (benchmarks).
 
     Example:
         >>> from glmlab.kernels.dsa.layout import BF16_512
-        >>> choose_block(H200, BF16_512, query_rows=1024, heads=64).name
+        >>> choose_block(H200, BF16_512, query_rows=1024, heads=64, enabled=ALL_SCHEDULES).name
         'wspv-b64-h64'
-        >>> choose_block(H200, BF16_512, query_rows=1056, heads=16).name
+        >>> choose_block(H200, BF16_512, query_rows=1056, heads=16, enabled=ALL_SCHEDULES).name
         'ws1c-b64-h16-s3-q4'
     """
     if schedule is None:
