@@ -42,6 +42,7 @@ class BudgetInputs:
     device_bytes: int | None = None  # ... or device memory x mem_fraction - weight_bytes
     mem_fraction: float = 0.9
     weight_bytes: int = 0
+    graph_bytes: int = 0  # CUDA graphs' memory (estimated before capture), off a device budget
     max_running_requests: int | None = None  # requested
     state_slots: int | None = None  # explicit state slots (SGLang --max-mamba-cache-size)
     extra_slots: int = 0  # in-flight requests that hold state slots (PD decode preallocation)
@@ -57,7 +58,7 @@ class BudgetInputs:
             return self.byte_budget
         if self.device_bytes is None:
             raise BudgetError("give a byte budget, or device bytes (with mem fraction and weights)")
-        return int(self.device_bytes * self.mem_fraction) - self.weight_bytes
+        return int(self.device_bytes * self.mem_fraction) - self.weight_bytes - self.graph_bytes
 
 
 @dataclass(frozen=True)

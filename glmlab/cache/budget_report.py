@@ -96,6 +96,9 @@ def budget_table(b: Budget) -> str:
     for r in budget_rows(b):
         lines.append(f"  {r['pool']:<24}{r['per_unit']:>20}  {r['units']:<26}{r['gib']:>9.2f}")
     lines.append(f"  {'total':<24}{'':>20}  {'':<26}{b.pool_bytes / GIB:>9.2f}")
+    if x.graph_bytes:
+        lines.append(f"  set aside for CUDA graphs (estimated, outside the pools): "
+                     f"{x.graph_bytes / GIB:.2f} GiB")
     binding = " = ".join(c.kind for c in b.binding)
     lines.append(f"  max running requests: {b.max_running_requests} ({binding})")
     for c in b.caps:

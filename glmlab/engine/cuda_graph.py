@@ -92,6 +92,7 @@ class CudaGraphRunner:
         self._pad_ok: dict[int, bool] = {}  # recorder id -> padding rows are harmless
         self._captured: set[tuple] = set()  # (width, recorder id, capture layers)
         self.graph_bytes = 0
+        self.reserved = 0  # what the memory budget set aside (``planned_reserve``), if anything
 
     # ------------------------------------------------------------------ capture
     def _buf(self, width: int) -> _Buffers:
@@ -145,6 +146,10 @@ class CudaGraphRunner:
         # cache, so reserved memory can shrink across a capture that allocated plenty
         self.graph_bytes = (pool_bytes(self.pool)
                             + sum(b.nbytes() for b in self._buffers.values()))
+        if self.reserved and self.graph_bytes > self.reserved:
+            print(f"CUDA graphs hold {self.graph_bytes / 2**20:,.0f} MiB, more than the "
+                  f"{self.reserved / 2**20:,.0f} MiB the budget set aside for them",
+                  file=sys.stderr)
 
     def captured(self, width: int, verify=None, capture_layers: tuple[int, ...] = ()) -> bool:
         return (width, id(verify) if verify is not None else None,
@@ -199,11 +204,42 @@ class CudaGraphRunner:
                        logits=logits.clone() if plan.logit_rows is None else logits)
 
 
+# Per captured row, besides its static outputs: what the forward's activations take in the graphs'
+# shared pool, calibrated on the H200 (slice:4, 2026-12-03: 182 MB measured for the 128-row decode
+# bucket, 1,772 MB for the 136 x 8 verify bucket; this estimate gives 221 and 1,880 MB):
+# the bf16 logits before their fp32 copy, and ~192 hidden-width vectors of 4 bytes.
+ACTIVATION_BYTES_PER_ROW = (2, 192 * 4)  # x vocab, x hidden
+
+
+def reserve_bytes(vocab: int, hidden: int, buckets: list[int], widths: tuple[int, ...]) -> int:
+    """Device bytes to set aside for the graphs before the cache pools are sized: every
+    bucket's static outputs (fp32 logits and bf16 hidden states of each row stay allocated, one
+    set per graph) plus the activations of the largest capture, which the others reuse."""
+    rows = [b * w for w in widths for b in buckets]
+    outputs = sum(rows) * (4 * vocab + 2 * hidden)
+    per_row = ACTIVATION_BYTES_PER_ROW[0] * vocab + ACTIVATION_BYTES_PER_ROW[1] * hidden
+    return outputs + max(rows, default=0) * per_row
+
+
 def pool_bytes(pool) -> int:
     """Device bytes held by the allocator segments of one private memory pool (the graphs')."""
     want = tuple(pool)
     return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
                if tuple(seg.get("segment_pool_id", ())) == want)
+
+
+def planned_reserve(model: GLM5Model, cfg) -> int:
+    """``reserve_bytes`` for the graphs ``make_graph_runner`` would build for ``cfg`` (decode,
+    and the verify width when speculating), or 0 when it would build none."""
+    if cfg.disable_cuda_graph or model.embed_tokens.weight.device.type != "cuda":
+        return 0
+    try:
+        check(model)
+    except ValueError:
+        return 0
+    widths = (1,) + ((cfg.speculative.width,) if cfg.speculative else ())
+    return reserve_bytes(model.cfg.vocab_size, model.cfg.hidden_size,
+                         batch_buckets(cfg.cuda_graph_max_bs), widths)
 
 
 def make_graph_runner(model: GLM5Model, cache: ModelCache, cfg) -> CudaGraphRunner | None:
@@ -217,7 +253,9 @@ def make_graph_runner(model: GLM5Model, cache: ModelCache, cfg) -> CudaGraphRunn
         print(f"CUDA graphs off: {e}", file=sys.stderr)
         return None
     context = cfg.context_len or model.cfg.max_position_embeddings
-    return CudaGraphRunner(model, cache, cfg.cuda_graph_max_bs, -(-context // cache.page_size))
+    runner = CudaGraphRunner(model, cache, cfg.cuda_graph_max_bs, -(-context // cache.page_size))
+    runner.reserved = planned_reserve(model, cfg)
+    return runner
 
 
 def replay_ready(runner: CudaGraphRunner, plan: StepPlan) -> bool:

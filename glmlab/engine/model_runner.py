@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from glmlab.checkpoint.loader import load_model
 from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.core import RadixMode, Req, Sampled
 from glmlab.engine.config import EngineConfig
-from glmlab.engine.cuda_graph import make_graph_runner, replay_ready
+from glmlab.engine.cuda_graph import make_graph_runner, planned_reserve, replay_ready
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
 from glmlab.model.session import run_step
@@ -55,7 +56,7 @@ class ModelRunner:
         self.device = model.embed_tokens.weight.device
         spec = cfg.speculative
         self.draft = load_spec_draft(model, spec) if spec else None  # resident before the budget
-        inputs = budget_inputs(cfg, model)
+        inputs = replace(budget_inputs(cfg, model), graph_bytes=planned_reserve(model, cfg))
         if spec:
             inputs = spec_budget(inputs, model, spec, self.draft,
                                  cache_dtypes(cfg, model.dtype).recurrent)

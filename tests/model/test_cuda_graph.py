@@ -132,3 +132,40 @@ def test_engine_tokens_with_and_without_graphs(tiny_dir):
             graphs = llm.engine.runner.graphs
             assert graphs is not None and graphs.captured(1)  # decode steps replayed graphs
     assert out[True] == out[False]
+
+
+def test_graph_reserve_counts_every_bucket_and_width_and_leaves_the_pools_less():
+    from dataclasses import replace
+
+    from glmlab.cache.budget import plan_budget
+    from glmlab.engine.cuda_graph import reserve_bytes
+
+    one = reserve_bytes(1000, 64, [1, 2, 4], (1,))
+    assert reserve_bytes(1000, 64, [1, 2, 4, 8], (1,)) > one  # one more bucket's outputs
+    assert reserve_bytes(1000, 64, [1, 2, 4], (1, 8)) > one  # and the verify graphs'
+    assert one >= 7 * 4 * 1000  # at least every captured row's fp32 logits
+    from glmlab.cache.budget import BudgetInputs
+    from glmlab.cache.footprint import CacheFootprint
+    from glmlab.cache.storage import CacheDtypes
+    from glmlab.presets import preset_config
+
+    cfg = preset_config("tiny")
+    fp = CacheFootprint.of(cfg, CacheDtypes.like(torch.bfloat16))
+    base = BudgetInputs(footprint=fp, context_len=256, device_bytes=8 << 30, mem_fraction=0.5)
+    with_graphs = replace(base, graph_bytes=1 << 30)
+    assert plan_budget(with_graphs).pool_bytes == plan_budget(base).pool_bytes - (1 << 30)
+    assert "set aside for CUDA graphs" in plan_budget(with_graphs).table()
+
+
+@pytest.mark.gpu
+def test_captured_graphs_fit_what_the_budget_set_aside(tiny_dir):
+    from glmlab.core import SamplingParams
+    from glmlab.engine.llm import LLM
+
+    llm = LLM(tiny_dir, device="cuda", dtype="bf16", backends=Backends.fast(),
+              cuda_graph_max_bs=16, print_budget=False, cache_bytes=256 << 20)
+    llm.generate([prompt_ids(n, n) for n in (5, 9, 30)], SamplingParams(max_new_tokens=4),
+                 use_tqdm=False)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.captured(1) and graphs.reserved > 0
+    assert 0 < graphs.memory_bytes() <= graphs.reserved
