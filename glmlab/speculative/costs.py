@@ -69,3 +69,20 @@ def _fields(c: CycleCost) -> dict:
     return {"draft_ms": round(c.draft_ms, 3), "verify_ms": round(c.verify_ms, 3),
             "rest_ms": round(c.rest_ms, 3), "cycle_ms": round(c.cycle_ms, 3),
             "accept_len": round(c.accept_len, 3), "ms_per_token": round(c.ms_per_token, 3)}
+
+
+def at_measured_acceptance(accepted: list[dict],
+                           costs: dict[str, CycleCost] = REFERENCE) -> list[dict]:
+    """The cost model fed a measured acceptance: each cycle in ``costs`` (the reference
+    deployment's by default) at the acceptance a trained model measured for the same drafter
+    (``glmlab.train.acceptance`` rows, greedy), beside the acceptance it was published with."""
+    measured = {r["config"]: r["accept_len"] for r in accepted if r["temperature"] == 0.0}
+    out = []
+    for name, cost in costs.items():
+        if name in measured:
+            at = CycleCost(cost.draft_ms, cost.verify_ms, cost.cycle_ms, measured[name])
+            out.append({"config": name, "source": "published cycle, measured acceptance",
+                        **_fields(at)})
+            out.append({"config": name, "source": "published cycle and acceptance",
+                        **_fields(cost)})
+    return out

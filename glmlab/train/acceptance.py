@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from glmlab.bench.ops import write_rows
+from glmlab.bench.provenance import REPO
 from glmlab.bench.routing import capture_routing
 from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.core import SamplingParams
@@ -137,6 +138,12 @@ def routing_samples(model_spec: str, engine_cfg: EngineConfig, out: Path, num_pr
         source=f"{model_spec}: {num_prompts} test-split prompts of {prompt_len} tokens, "
                f"prefill + {decode_steps} greedy steps")
     return samples.save(out)
+
+
+def committed_rows(tag: str = "small-cpu") -> list[dict]:
+    """The rows ``main`` wrote to the repository's ``data/bench/spec-accept-<tag>.jsonl``."""
+    path = REPO / "data" / "bench" / f"spec-accept-{tag}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ def test_speculative_notebook_computes_what_it_shows():
         "costs": "compare(rows)",
         "saving": "saving",
         "snap": "snap", "ring": "ring",
+        "accepted": "accepted", "at_measured": "at_measured_acceptance(accepted)",
     })
     assert got["n_checks"] == 5 and all(got["lossless"]), got["lossless"]
     assert got["cycles"] > 0 and 6.5 < got["accept_len"] <= 8.0  # simulated 7.37, whole commits
@@ -32,6 +33,16 @@ def test_speculative_notebook_computes_what_it_shows():
     # one byte per element plus a 4-byte scale per 128-wide head row, against two bytes
     assert abs(fp8 - 11.96e9 * (128 + 4) / (2 * 128)) < 1 and abs(fp8 + freed - 11.96e9) < 1
     assert got["ring"] > 0 and got["snap"] > 0
+    # the trained model's measured acceptance: real decoding, every drafter, both temperatures
+    acc = got["accepted"]
+    assert {r["config"] for r in acc} >= {"MTP718", "DFlash2-B8"} and not any(
+        r["simulated"] for r in acc)
+    assert all(1.0 <= r["accept_len"] <= r["verify_width"] for r in acc)
+    at = {(r["config"], r["source"]): r for r in got["at_measured"]}
+    for name, cost in REFERENCE.items():  # the published cycle over the measured length
+        mine = next(r["accept_len"] for r in acc if r["config"] == name and r["temperature"] == 0)
+        row = at[(name, "published cycle, measured acceptance")]
+        assert abs(row["ms_per_token"] - cost.cycle_ms / mine) < 1e-2
     views = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
              if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
     assert views, "the cycle explorer widget did not render"

@@ -105,6 +105,22 @@ def cost_table(rows: list[dict]) -> HTML:
                                                           "rest_ms")}})
 
 
+def acceptance_table(rows: list[dict]) -> HTML:
+    """Measured acceptance (``glmlab.train.acceptance`` rows) beside the reference deployment's
+    published lengths where it published one (MTP718, DFlash2-B8)."""
+    shown = [{**r, "published": REFERENCE[r["config"]].accept_len if r["config"] in REFERENCE
+              else None} for r in sorted(rows, key=lambda r: (r["algorithm"], r["verify_width"],
+                                                               r["temperature"]))]
+    return table(shown, [("config", "drafter"), ("temperature", "temperature"),
+                         ("accept_len", "accepted per cycle"), ("published", "published"),
+                         ("cycles", "cycles"), ("ms_per_accepted_token", "ms per token here")],
+                 caption="Acceptance measured on the trained small model (test split), beside "
+                         "the reference deployment's (GLM-5.3-Flash, its own data)",
+                 formats={"accept_len": "{:.2f}".format,
+                          "published": lambda v: "" if v is None else f"{v:.2f}",
+                          "ms_per_accepted_token": "{:.1f}".format})
+
+
 def cycle_explorer(rows: list[dict]) -> W.VBox:
     """Timeline with a cycles slider and a measured / reference-deployment switch."""
     most = max(len(r["per_cycle_ms"]) for r in rows)
