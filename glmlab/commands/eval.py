@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", action="store_true",
                    help="add the byte-unigram bits per byte of the files (train-split counts)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--report", help="also append the result as a stamped row to this JSONL file")
+    p.add_argument("--label", default="", help="the row's setting name (with --report)")
     add_dataclass_args(p, EngineConfig, exclude=_ENGINE_EXCLUDE)
 
 
@@ -65,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline:
         train, _ = corpus.train_texts()
         out["byte_unigram_bpb"] = byte_unigram_bpb(train, [corpus.read_text(f) for f in files])
+    if args.report:
+        from glmlab.bench.ops import write_rows
+
+        report = Path(args.report)
+        write_rows([{"bench": "eval", "setting": args.label, **out}], report.parent, report.stem,
+                   warmup=0, repetitions="one pass over the files")
     if args.json:
         print(json.dumps(out))
     else:
