@@ -297,6 +297,9 @@ class SeqCache:
     slot: int  # state slot (conv + recurrent + index tails)
     pages: list[int] = field(default_factory=list)  # pages[i] holds positions [i*S, (i+1)*S)
     prefix_len: int = 0  # tokens reused from the radix tree at admission
+    # an imported prompt with n samples: the state slots of samples 1..n-1, reserved at
+    # admission (their first tokens land in these slots' aux rows; the state is copied at landing)
+    sample_slots: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -382,6 +385,7 @@ class CacheTarget:
     pages: tuple[int, ...]
     state_slot: int
     page_size: int
+    sample_slots: tuple[int, ...] = ()  # an import of n samples: the slots of samples 1..n-1
 
     @property
     def transfer_pages(self) -> tuple[int, ...]:

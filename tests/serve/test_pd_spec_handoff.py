@@ -84,7 +84,7 @@ def _pd_run(model, spec: SpecConfig, prompt: list[int]) -> tuple[list[int], list
             mine[c.region][0][c.dst:c.dst + c.count] = theirs[c.region][0][c.src:c.src + c.count]
     prefill.release_held(rp)
     out = [first]
-    out += decode.complete_import(rd, first, draft_state=True).new_token_ids[1:]
+    out += decode.complete_import(rd, first, draft_state=True)[0].new_token_ids[1:]
     while decode.has_work:
         out += [t for o in decode.step() for t in o.new_token_ids]
     return out, ([s.commit_lens for s in decode.spec.stats], drafts), prefill, decode
