@@ -110,9 +110,8 @@ def test_generate_batch_of_ids_with_top_logprobs_through_the_router(svc):
         lps = o["meta_info"]["output_token_logprobs"]
         assert [t for _, t, _ in lps] == o["output_ids"] and len(lps) == 3
         tops = o["meta_info"]["output_top_logprobs"]
-        # PD: the first token's alternatives stay on the prefill (the aux row carries its
-        # logprob only); the decode worker's tokens carry theirs
-        assert all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops[1:])
+        # PD: the first token's alternatives come from the prefill in its aux row
+        assert len(tops) == 3 and all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops)
     status, out = http(f"{svc.url}/generate", {
         "text": "abc", "sampling_params": {"max_new_tokens": 3, "n": 3, "temperature": 1.0,
                                            "ignore_eos": True}})

@@ -74,12 +74,12 @@ def _pd_run(model, spec: SpecConfig, prompt: list[int]) -> tuple[list[int], list
         decode.step()
     dst, src = decode.import_targets()[0], prefill.export_target(rp)
     msg = RoomMessage(0, "decode", len(prompt), "", dst.prefix_len, tuple(dst.transfer_pages),
-                      dst.state_slot, dst.state_slot)
+                      dst.state_slot, (dst.state_slot,))
     theirs, mine = _regions(prefill), _regions(decode)
     assert {n: (t.shape[1:], u) for n, (t, u) in theirs.items()} == \
         {n: (t.shape[1:], u) for n, (t, u) in mine.items()}  # rows alike, pools sized apart
     kpool = model.cfg.dsa.index_kpool
-    for c in row_copies(theirs, PAGE, kpool, list(src.pages), src.state_slot, 0, msg):
+    for c in row_copies(theirs, PAGE, kpool, list(src.pages), src.state_slot, [0], msg):
         if c.region != AUX:
             mine[c.region][0][c.dst:c.dst + c.count] = theirs[c.region][0][c.src:c.src + c.count]
     prefill.release_held(rp)
