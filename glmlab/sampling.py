@@ -148,9 +148,13 @@ class BatchSampler:
     def release(self, rid: str) -> None:
         self.extras.release(rid)
 
-    def adjust(self, reqs: Sequence[Req], logits: torch.Tensor) -> torch.Tensor:
-        """Penalties, bias, min-token stop masks and grammar bitmasks; a new tensor if any."""
+    def adjust(self, reqs: Sequence[Req], logits: torch.Tensor,
+               bitmask: torch.Tensor | None = None) -> torch.Tensor:
+        """Penalties, bias, min-token stop masks and grammar bitmasks (``grammar_masks``, filled
+        here unless given); a new tensor if any."""
         dev, x = logits.device, logits
+        if bitmask is None:
+            bitmask = self.grammar_masks(reqs, logits.shape[-1])
         adj = [i for i, r in enumerate(reqs) if r.params.adjusts_logits]
         if adj:
             x = x.clone()
@@ -170,21 +174,31 @@ class BatchSampler:
             sub = sub - freq * counts - pres * (counts > 0).float() + e.bias[rows]
             sub = sub.masked_fill(e.stops[rows] & early[:, None], _MASK)
             x[idx] = sub
-        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if constrained:
+        if bitmask is not None:
             x = x.clone() if x is logits else x
-            words = (x.shape[-1] + 31) // 32
-            bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
-            for i in constrained:
-                reqs[i].grammar.fill_mask(bitmask, i)
             x.masked_fill_(~unpack_bitmask(bitmask.to(dev), x.shape[-1]), _MASK)
         return x
+
+    @staticmethod
+    def grammar_masks(reqs: Sequence[Req], vocab: int) -> torch.Tensor | None:
+        """[N, ceil(V/32)] int32 host bitmask of the tokens each request's grammar allows next
+        (all for the unconstrained rows); None when no request has a grammar."""
+        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not constrained:
+            return None
+        bitmask = torch.full((len(reqs), (vocab + 31) // 32), -1, dtype=torch.int32)
+        for i in constrained:
+            reqs[i].grammar.fill_mask(bitmask, i)
+        return bitmask
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]:
         if not reqs:
             return []
         dev = logits.device
-        x = self.adjust(reqs, logits)
+        # the grammars' masks are host work: filled before anything waits on the device (the
+        # first small host-to-device copy below does), they overlap the forward still running
+        bitmask = self.grammar_masks(reqs, logits.shape[-1])
+        x = self.adjust(reqs, logits, bitmask)
         tokens = x.argmax(-1)
         drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if drawn:
