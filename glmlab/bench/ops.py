@@ -29,6 +29,7 @@ OPS["moe"] = "glmlab.bench.ops_moe:run"
 OPS["cp"] = "glmlab.bench.ops_cp:run"
 OPS["dsa"] = "glmlab.bench.ops_dsa:run"
 OPS["decode"] = "glmlab.bench.ops_decode:run"
+OPS["api"] = "glmlab.bench.api:run"
 
 
 def register(name: str, target: str) -> None:
