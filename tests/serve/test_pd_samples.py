@@ -10,6 +10,7 @@ import json
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from glmlab.serve.kvplan import AUX_WIDTH
 from glmlab.testing.parity import prompt_ids
@@ -29,6 +30,20 @@ def realtime(m: dict, mode: str, role: str) -> float:
 
 def decode_state(pd) -> dict:
     return http(f"{pd.worker('decode0').url}/server_info")[1]["internal_states"][0]
+
+
+def worker_metrics(url: str) -> dict[str, float]:
+    """A worker's own /metrics (no role labels): prefill tokens computed, pages allocated."""
+    status, text = http(f"{url}/metrics")
+    assert status == 200, text
+    out = {}
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name == "sglang:realtime_tokens_total" and s.labels["mode"] == "prefill_compute":
+                out["prefill_compute"] = s.value
+            elif s.name == "sglang:kv_pages_allocated_total":
+                out["pages"] = s.value
+    return out
 
 
 def sampled(url: str, ids: list[int], n: int, max_new: int, **extra) -> list[dict]:
@@ -72,8 +87,15 @@ def test_n_samples_are_one_prefill_and_one_transfer(pd, mixed):
     assert dec1["transfer_bytes_received"] - dec0["transfer_bytes_received"] == want
     assert {o["meta_info"]["pd_transfer"]["bytes"] for o in out} == {want}
     assert {o["meta_info"]["pd_transfer"]["samples"] for o in out} == {N}
-    # the same samples as the mixed engine's fork, first token included
-    ref = sampled(mixed.children[0].url, prompt, N, new)
+    # the same samples as the mixed engine's fork, first token included; there too the prompt
+    # is computed once and its whole pages allocated once
+    url = mixed.children[0].url
+    m0 = worker_metrics(url)
+    ref = sampled(url, prompt, N, new)
+    m1 = worker_metrics(url)
+    assert m1["prefill_compute"] - m0["prefill_compute"] == len(prompt)
+    assert m1["pages"] - m0["pages"] == pages(len(prompt) + new) + \
+        (N - 1) * (pages(len(prompt) + new) - whole)
     assert [o["output_ids"] for o in out] == [o["output_ids"] for o in ref]
     assert len({tuple(o["output_ids"]) for o in out}) > 1  # eight seeds, not one sample
     for o in out:
