@@ -61,12 +61,18 @@ def sample_seed(seed: int, index: int) -> int:
 
 
 def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                 top_p: torch.Tensor, min_p: torch.Tensor, truncates: bool | None = None,
+                 floors: bool | None = None) -> torch.Tensor:
     """softmax(logits / T) restricted by per-row top-k (<= 0: off), top-p and min-p, renormalised.
-    The most likely token always survives."""
+    The most likely token always survives. ``truncates`` (any row's top-k or top-p cuts) and
+    ``floors`` (any row's min-p) when the caller knows them on the host: no device sync here."""
     x = logits / temperature[:, None]
     vocab = x.shape[-1]
-    if bool(((top_k > 0) & (top_k < vocab)).any()) or bool((top_p < 1.0).any()):
+    if truncates is None:
+        truncates = bool(((top_k > 0) & (top_k < vocab)).any()) or bool((top_p < 1.0).any())
+    if floors is None:
+        floors = bool((min_p > 0).any())
+    if truncates:
         sorted_x, order = x.sort(dim=-1, descending=True)
         k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
         ranks = torch.arange(vocab, device=x.device)[None, :]
@@ -77,7 +83,7 @@ def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         sorted_x = sorted_x.masked_fill(drop, _MASK)
         x = torch.full_like(x, _MASK).scatter(-1, order, sorted_x)
     probs = x.softmax(-1)
-    if bool((min_p > 0).any()):
+    if floors:
         floor = probs.max(-1, keepdim=True).values * min_p[:, None]
         probs = probs.masked_fill(probs < floor, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
@@ -158,16 +164,17 @@ class BatchSampler:
         adj = [i for i, r in enumerate(reqs) if r.params.adjusts_logits]
         if adj:
             x = x.clone()
-            idx = torch.tensor(adj, device=dev)
-            rows = torch.tensor([self.extras.row(reqs[i]) for i in adj], device=dev)
             e = self.extras
+            # one host-to-device copy per dtype (each is a sync), not one per parameter
+            idx, rows = _to_device([adj, [e.row(reqs[i]) for i in adj]], torch.long, dev)
             counts, seen = e.counts[rows], e.prompt[rows]
             par = [reqs[i].params for i in adj]
-            rep = torch.tensor([p.repetition_penalty for p in par], device=dev)[:, None]
-            freq = torch.tensor([p.frequency_penalty for p in par], device=dev)[:, None]
-            pres = torch.tensor([p.presence_penalty for p in par], device=dev)[:, None]
-            early = torch.tensor([len(reqs[i].token_ids) - reqs[i].num_prompt
-                                  < reqs[i].params.min_new_tokens for i in adj], device=dev)
+            rep, freq, pres, early = _to_device(
+                [[p.repetition_penalty for p in par], [p.frequency_penalty for p in par],
+                 [p.presence_penalty for p in par],
+                 [len(reqs[i].token_ids) - reqs[i].num_prompt < reqs[i].params.min_new_tokens
+                  for i in adj]], torch.float32, dev)
+            rep, freq, pres, early = rep[:, None], freq[:, None], pres[:, None], early.bool()
             sub = x[idx]
             used = (counts > 0) | seen
             sub = torch.where(used, torch.where(sub > 0, sub / rep, sub * rep), sub)
@@ -202,16 +209,19 @@ class BatchSampler:
         tokens = x.argmax(-1)
         drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if drawn:
-            idx = torch.tensor(drawn, device=dev)
             par = [reqs[i].params for i in drawn]
+            vocab = x.shape[-1]
+            idx, top_k, seeds, pos = _to_device(
+                [drawn, [p.top_k for p in par], [reqs[i].seed for i in drawn],
+                 [len(reqs[i].token_ids) for i in drawn]], torch.long, dev)
+            temp, top_p, min_p = _to_device([[p.temperature for p in par],
+                                             [p.top_p for p in par], [p.min_p for p in par]],
+                                            torch.float32, dev)
             probs = filter_probs(
-                x[idx], torch.tensor([p.temperature for p in par], device=dev),
-                torch.tensor([p.top_k for p in par], device=dev),
-                torch.tensor([p.top_p for p in par], device=dev),
-                torch.tensor([p.min_p for p in par], device=dev))
-            u = seeded_uniform(torch.tensor([reqs[i].seed for i in drawn], device=dev),
-                               torch.tensor([len(reqs[i].token_ids) for i in drawn], device=dev),
-                               x.shape[-1])
+                x[idx], temp, top_k, top_p, min_p,
+                truncates=any(0 < p.top_k < vocab or p.top_p < 1.0 for p in par),
+                floors=any(p.min_p > 0 for p in par))
+            u = seeded_uniform(seeds, pos, vocab)
             tokens[idx] = (probs / -torch.log(u)).argmax(-1)
         picked = tokens.tolist()
         self._count(reqs, picked)
@@ -238,6 +248,11 @@ class BatchSampler:
             for i, lp in zip(wanted, lps, strict=True):
                 out[i] = Sampled((picked[i],), (lp.with_top(reqs[i].params.logprobs),))
         return out
+
+
+def _to_device(columns: list[list], dtype: torch.dtype, device) -> torch.Tensor:
+    """Equal-length host lists as the rows of one ``dtype`` tensor on ``device``: one copy."""
+    return torch.tensor(columns, dtype=dtype).to(device)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

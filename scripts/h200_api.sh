@@ -107,7 +107,8 @@ for r in rows:
         print(f"{r['case']:10} batch {r['batch']} ctx {r['context']} [{r['backends']}, graphs "
               f"{r['cuda_graphs']}]: plain {r['plain_step_ms']:.3f} ms, with it "
               f"{r['step_ms']:.3f} ms, x{r['ratio']:.3f} (goal x{r['goal_ratio']}: "
-              f"{'met' if r['meets_goal'] else 'missed'})")
+              f"{'met' if r['meets_goal'] else 'missed'}); sampler alone "
+              f"{r['plain_sampler_ms']:.3f} -> {r['sampler_ms']:.3f} ms")
 sys.exit(1 if bad or not rows else 0)
 EOF
 stamp done

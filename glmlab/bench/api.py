@@ -20,7 +20,8 @@ widths, its block-FP8 weights drawn in place on the GPU by ``glmlab.distributed.
 Decode steps need no prefill: the requests are imported (a PD decode instance's path) into a
 cache filled with random rows, so a step costs what its context and batch make it cost. A row is
 one case: the step times of both variants (median over ``--reps`` rounds of ``--steps`` steps
-after ``--warmup``), their ratio and the goal. Rows go to ``--stream`` as each case ends (stamped
+after ``--warmup``), their ratio and the goal, and the sampler's time alone for each (the same
+requests on one batch of random logits: how much of the difference is sampling). Rows go to ``--stream`` as each case ends (stamped
 with ``glmlab.bench.provenance``), and are returned for ``glmlab.bench.ops`` to write.
 """
 
@@ -128,9 +129,11 @@ def first_allowed(matcher, vocab: int) -> int:
     return word * 32 + (bits & -bits).bit_length() - 1
 
 
-def decode_round(engine: Engine, args, params: list[SamplingParams], grammars: list) -> list[float]:
+def decode_round(engine: Engine, args, params: list[SamplingParams], grammars: list
+                 ) -> tuple[list[float], list[float]]:
     """Import ``len(params)`` requests at ``--context`` tokens, then step: the step times (ms)
-    after the warm-up. Every request ends (aborted) before it returns."""
+    after the warm-up, then the sampler's alone (``--steps`` calls on one random logits batch,
+    the requests as they are). Every request ends (aborted) before it returns."""
     vocab = engine.model.cfg.vocab_size
     g = torch.Generator().manual_seed(args.seed)
     rids = []
@@ -154,11 +157,21 @@ def decode_round(engine: Engine, args, params: list[SamplingParams], grammars: l
             times.append((time.perf_counter() - start) * 1e3)
         if len(outs) != len(rids) or any(o.finished for o in outs):
             raise RuntimeError("a request left the batch before the timed steps ended")
+    reqs = [engine.request(r) for r in rids]
+    logits = torch.randn(len(reqs), vocab, generator=torch.Generator().manual_seed(1))
+    logits = logits.to(engine.runner.device)
+    sampled = []
+    for _ in range(args.steps):
+        sync(args.device)
+        start = time.perf_counter()
+        engine.runner.sample(reqs, logits)
+        sync(args.device)
+        sampled.append((time.perf_counter() - start) * 1e3)
     for rid in rids:
         engine.abort(rid)
         engine.forget(rid)
     engine.assert_idle()
-    return times
+    return times, sampled
 
 
 def side_by_side(engine: Engine, args, case: str, variant) -> dict:
@@ -167,14 +180,21 @@ def side_by_side(engine: Engine, args, case: str, variant) -> dict:
     plain = [SamplingParams(temperature=1.0, seed=args.seed + i, max_new_tokens=new,
                             ignore_eos=True) for i in range(args.batch)]
     times: dict[str, list[float]] = {"plain": [], case: []}
+    sampler: dict[str, list[float]] = {"plain": [], case: []}
     for _ in range(args.reps):
-        times["plain"] += decode_round(engine, args, plain, [None] * args.batch)
-        times[case] += decode_round(engine, args, *variant(plain))
+        for name, (ps, gs) in (("plain", (plain, [None] * args.batch)),
+                               (case, variant(plain))):
+            steps, alone = decode_round(engine, args, ps, gs)
+            times[name] += steps
+            sampler[name] += alone
     base, other = statistics.median(times["plain"]), statistics.median(times[case])
     return {"case": case, "batch": args.batch, "context": args.context,
             "plain_step_ms": round(base, 4), "step_ms": round(other, 4),
             "ratio": round(other / base, 4), "goal_ratio": GOALS[case],
             "meets_goal": other / base <= GOALS[case],
+            # the sampler alone on one logits batch: where the difference comes from
+            "plain_sampler_ms": round(statistics.median(sampler["plain"]), 4),
+            "sampler_ms": round(statistics.median(sampler[case]), 4),
             "plain_step_ms_all": [round(t, 4) for t in times["plain"]],
             "step_ms_all": [round(t, 4) for t in times[case]],
             "cuda_graphs": engine.runner.graphs is not None}
