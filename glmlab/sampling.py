@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from glmlab.core import Req, Sampled, TokenLogprob
+from glmlab.kernels.sampling.ref import apply_penalties_ref
 
 _MASK = float("-inf")
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
@@ -147,9 +148,12 @@ class BatchSampler:
     """The engine's sampler. ``sample(reqs, logits)``: one token per request (row i of fp32
     logits [N, V] is request i's), with logprobs where asked; ``release(rid)`` when one ends."""
 
-    def __init__(self, vocab: int, device: torch.device | str):
+    def __init__(self, vocab: int, device: torch.device | str, penalties=None):
         self.vocab, self.device = vocab, torch.device(device)
         self.extras = _Extras(vocab, self.device)
+        # the in-place adjustment of the penalised rows (glmlab.kernels.sampling; the
+        # ModelRunner binds the backend its config names)
+        self.penalties = penalties or apply_penalties_ref
 
     def release(self, rid: str) -> None:
         self.extras.release(rid)
@@ -167,20 +171,14 @@ class BatchSampler:
             e = self.extras
             # one host-to-device copy per dtype (each is a sync), not one per parameter
             idx, rows = _to_device([adj, [e.row(reqs[i]) for i in adj]], torch.long, dev)
-            counts, seen = e.counts[rows], e.prompt[rows]
             par = [reqs[i].params for i in adj]
             rep, freq, pres, early = _to_device(
                 [[p.repetition_penalty for p in par], [p.frequency_penalty for p in par],
                  [p.presence_penalty for p in par],
                  [len(reqs[i].token_ids) - reqs[i].num_prompt < reqs[i].params.min_new_tokens
                   for i in adj]], torch.float32, dev)
-            rep, freq, pres, early = rep[:, None], freq[:, None], pres[:, None], early.bool()
-            sub = x[idx]
-            used = (counts > 0) | seen
-            sub = torch.where(used, torch.where(sub > 0, sub / rep, sub * rep), sub)
-            sub = sub - freq * counts - pres * (counts > 0).float() + e.bias[rows]
-            sub = sub.masked_fill(e.stops[rows] & early[:, None], _MASK)
-            x[idx] = sub
+            self.penalties(x, idx, rows, e.counts, e.prompt, e.bias, e.stops, rep, freq, pres,
+                           early.bool())
         if bitmask is not None:
             x = x.clone() if x is logits else x
             x.masked_fill_(~unpack_bitmask(bitmask.to(dev), x.shape[-1]), _MASK)

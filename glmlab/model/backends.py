@@ -28,6 +28,10 @@ Op signatures (shape letters as in kernels/README.md):
       on uniform steps (decode, verify), the torch path otherwise)
   dsa_index(layer, h, q_lat, plan, cache) -> [T, W]   token slots each query attends to, -1 padded
       (torch: per-sequence pool update + selection; triton: the paged indexer on uniform steps)
+  penalties(x, idx, rows, counts, prompt, bias, stops, rep, freq, pres, early) -> None
+      the sampler's logit adjustments, in place on rows ``idx`` of fp32 logits [N, V]
+      (glmlab.kernels.sampling: torch reference; triton: one pass) - bound by the ModelRunner's
+      sampler, not the model (``Backends.sampling``)
 """
 
 from __future__ import annotations
@@ -81,6 +85,9 @@ MHC = Registry("mhc")
 ROUTER = Registry("router")
 KDA_STEP = Registry("kda_step")
 DSA_INDEX = Registry("dsa_index")
+PENALTIES = Registry("penalties")
+PENALTIES.add("torch", "glmlab.kernels.sampling.ref:apply_penalties_ref")
+PENALTIES.add("triton", "glmlab.kernels.sampling.penalties_triton:apply_penalties_triton")
 for _reg, _name in ((LINEAR_FP8, "linear_fp8"), (RMSNORM, "rmsnorm"), (MHC, "mhc"),
                     (ROUTER, "router"), (KDA_STEP, "kda_step"), (DSA_INDEX, "dsa_index")):
     _reg.add("torch", f"glmlab.model.torch_ops:{_name}")
@@ -98,20 +105,21 @@ class Backends:
     router: str = "torch"
     kda_step: str = "torch"
     dsa_index: str = "torch"
+    sampling: str = "torch"  # the sampler's penalties
 
     @classmethod
     def fast(cls) -> Backends:
         """Every op on its GPU kernel: what a decode step without host overhead runs."""
         return cls(kda="fla", sparse_mla="tilelang", moe="triton", linear_fp8="triton",
                    norm="triton", mhc="triton", router="triton", kda_step="triton",
-                   dsa_index="triton")
+                   dsa_index="triton", sampling="triton")
 
     @classmethod
     def triton(cls) -> Backends:
         """Every op that has a Triton kernel on it, the rest on torch: what the CPU interpreter
         can run (tests)."""
         return cls(moe="triton", linear_fp8="triton", norm="triton", mhc="triton",
-                   router="triton", kda_step="triton", dsa_index="triton")
+                   router="triton", kda_step="triton", dsa_index="triton", sampling="triton")
 
     def resolve(self) -> dict[str, Callable]:
         return {
@@ -125,6 +133,7 @@ class Backends:
             "router": ROUTER.get(self.router),
             "kda_step": KDA_STEP.get(self.kda_step),
             "dsa_index": DSA_INDEX.get(self.dsa_index),
+            "penalties": PENALTIES.get(self.sampling),
         }
 
     def describe(self) -> str:
