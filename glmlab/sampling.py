@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from glmlab.core import Req, Sampled, TokenLogprob
-from glmlab.kernels.sampling.ref import apply_penalties_ref
+from glmlab.kernels.sampling.ref import apply_penalties_ref, apply_token_mask_ref
 
 _MASK = float("-inf")
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
@@ -148,23 +148,26 @@ class BatchSampler:
     """The engine's sampler. ``sample(reqs, logits)``: one token per request (row i of fp32
     logits [N, V] is request i's), with logprobs where asked; ``release(rid)`` when one ends."""
 
-    def __init__(self, vocab: int, device: torch.device | str, penalties=None):
+    def __init__(self, vocab: int, device: torch.device | str, penalties=None,
+                 token_mask=None):
         self.vocab, self.device = vocab, torch.device(device)
         self.extras = _Extras(vocab, self.device)
-        # the in-place adjustment of the penalised rows (glmlab.kernels.sampling; the
-        # ModelRunner binds the backend its config names)
+        # in-place adjustments of the penalised and the constrained rows
+        # (glmlab.kernels.sampling; the ModelRunner binds the backend its config names)
         self.penalties = penalties or apply_penalties_ref
+        self.token_mask = token_mask or apply_token_mask_ref
+        self._masks = torch.empty(0, (vocab + 31) // 32, dtype=torch.int32)  # host, reused
 
     def release(self, rid: str) -> None:
         self.extras.release(rid)
 
     def adjust(self, reqs: Sequence[Req], logits: torch.Tensor,
-               bitmask: torch.Tensor | None = None) -> torch.Tensor:
+               masks: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
         """Penalties, bias, min-token stop masks and grammar bitmasks (``grammar_masks``, filled
         here unless given); a new tensor if any."""
         dev, x = logits.device, logits
-        if bitmask is None:
-            bitmask = self.grammar_masks(reqs, logits.shape[-1])
+        if masks is None:
+            masks = self.grammar_masks(reqs)
         adj = [i for i, r in enumerate(reqs) if r.params.adjusts_logits]
         if adj:
             x = x.clone()
@@ -179,22 +182,28 @@ class BatchSampler:
                   for i in adj]], torch.float32, dev)
             self.penalties(x, idx, rows, e.counts, e.prompt, e.bias, e.stops, rep, freq, pres,
                            early.bool())
-        if bitmask is not None:
+        if masks is not None:
             x = x.clone() if x is logits else x
-            x.masked_fill_(~unpack_bitmask(bitmask.to(dev), x.shape[-1]), _MASK)
+            rows, bitmask = masks
+            self.token_mask(x, torch.tensor(rows).to(dev), bitmask.to(dev, non_blocking=True))
         return x
 
-    @staticmethod
-    def grammar_masks(reqs: Sequence[Req], vocab: int) -> torch.Tensor | None:
-        """[N, ceil(V/32)] int32 host bitmask of the tokens each request's grammar allows next
-        (all for the unconstrained rows); None when no request has a grammar."""
-        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if not constrained:
+    def grammar_masks(self, reqs: Sequence[Req]) -> tuple[list[int], torch.Tensor] | None:
+        """(the constrained rows, their [M, ceil(V/32)] int32 host bitmask of the tokens each
+        one's grammar allows next); None when no request has a grammar. The host buffer is
+        pinned on CUDA and reused: its copy to the device is done before the step ends (the
+        sampled tokens' copy back waits for it), so the next step may refill it."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
             return None
-        bitmask = torch.full((len(reqs), (vocab + 31) // 32), -1, dtype=torch.int32)
-        for i in constrained:
-            reqs[i].grammar.fill_mask(bitmask, i)
-        return bitmask
+        if self._masks.shape[0] < len(rows):
+            self._masks = torch.empty(2 * len(rows), self._masks.shape[1], dtype=torch.int32,
+                                      pin_memory=self.device.type == "cuda")
+        bitmask = self._masks[:len(rows)]
+        bitmask.fill_(-1)
+        for j, i in enumerate(rows):
+            reqs[i].grammar.fill_mask(bitmask, j)
+        return rows, bitmask
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]:
         if not reqs:
@@ -202,8 +211,7 @@ class BatchSampler:
         dev = logits.device
         # the grammars' masks are host work: filled before anything waits on the device (the
         # first small host-to-device copy below does), they overlap the forward still running
-        bitmask = self.grammar_masks(reqs, logits.shape[-1])
-        x = self.adjust(reqs, logits, bitmask)
+        x = self.adjust(reqs, logits, self.grammar_masks(reqs))
         tokens = x.argmax(-1)
         drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if drawn:
@@ -241,8 +249,9 @@ class BatchSampler:
         wanted = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if wanted:
             top = max(reqs[i].params.logprobs for i in wanted)
-            rows = torch.tensor(wanted, device=logits.device)
-            lps = logprobs_of(logits[rows], [picked[i] for i in wanted], top)
+            rows = logits if len(wanted) == len(reqs) else \
+                logits[torch.tensor(wanted, device=logits.device)]
+            lps = logprobs_of(rows, [picked[i] for i in wanted], top)
             for i, lp in zip(wanted, lps, strict=True):
                 out[i] = Sampled((picked[i],), (lp.with_top(reqs[i].params.logprobs),))
         return out
@@ -253,26 +262,22 @@ def _to_device(columns: list[list], dtype: torch.dtype, device) -> torch.Tensor:
     return torch.tensor(columns, dtype=dtype).to(device)
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[N, ceil(V/32)] int32 words -> [N, V] bool (token allowed)."""
-    ids = torch.arange(vocab, device=bitmask.device)
-    words = bitmask[:, ids // 32]
-    return ((words >> (ids % 32)) & 1).bool()
-
-
 def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
     """log-softmax of raw logits [N, V] at ``tokens[i]`` of row i, with ``top`` alternatives:
     one device-to-host copy for all rows."""
     if not len(tokens):
         return []
     lp = torch.log_softmax(logits.float(), -1)
-    picked = lp.gather(-1, torch.tensor(list(tokens), device=lp.device)[:, None])[:, 0]
+    picked = lp.gather(-1, torch.tensor(list(tokens), device=lp.device)[:, None])
     if top:
         values, ids = lp.topk(top, dim=-1)
-        picked, values, ids = picked.tolist(), values.tolist(), ids.tolist()
-        alts = [tuple(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+        # one device-to-host copy: token ids are exact in fp64 (and fp32 below 2**24)
+        wide = torch.float32 if lp.shape[-1] < (1 << 24) else torch.float64
+        rows = torch.cat([picked.to(wide), values.to(wide), ids.to(wide)], 1).tolist()
+        picked = [r[0] for r in rows]
+        alts = [tuple(zip(map(int, r[1 + top:]), r[1:1 + top], strict=True)) for r in rows]
     else:
-        picked, alts = picked.tolist(), [()] * len(tokens)
+        picked, alts = picked[:, 0].tolist(), [()] * len(tokens)
     return [TokenLogprob(t, p, a) for t, p, a in zip(tokens, picked, alts, strict=True)]
 
 

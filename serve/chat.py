@@ -2,9 +2,9 @@
 
 ``reduce(body, card)`` renders the messages (with ``tools`` and ``chat_template_kwargs`` such
 as ``enable_thinking`` handed to the template: GLM's lists the tools in a system turn, and
-replays an assistant's calls from their arguments, decoded from JSON here) and reduces the body to a ``GenBatch``; a
-``required`` or named ``tool_choice`` becomes a grammar (serve/parsers/tool_calls.py) so the
-output is a well-formed call whatever the model. ``parsers_for(body, card)`` picks the output
+replays an assistant's calls from their arguments, decoded from JSON here) and reduces the body
+to a ``GenBatch``; a ``required`` or named ``tool_choice`` becomes a grammar
+(serve/parsers/tool_calls.py) so the output is a well-formed call whatever the model. ``parsers_for(body, card)`` picks the output
 parsers the service was started with (``--reasoning-parser``, ``--tool-call-parser``).
 """
 

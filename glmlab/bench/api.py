@@ -21,8 +21,9 @@ Decode steps need no prefill: the requests are imported (a PD decode instance's 
 cache filled with random rows, so a step costs what its context and batch make it cost. A row is
 one case: the step times of both variants (median over ``--reps`` rounds of ``--steps`` steps
 after ``--warmup``), their ratio and the goal, and the sampler's time alone for each (the same
-requests on one batch of random logits: how much of the difference is sampling). Rows go to ``--stream`` as each case ends (stamped
-with ``glmlab.bench.provenance``), and are returned for ``glmlab.bench.ops`` to write.
+requests on one batch of random logits: how much of the difference is sampling). Rows go to
+``--stream`` as each case ends (stamped with ``glmlab.bench.provenance``), and are returned for
+``glmlab.bench.ops`` to write.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch
 
 from glmlab.bench.ops import machine
 from glmlab.checkpoint.tokenizer import build_byte_tokenizer
-from glmlab.core import SamplingParams, sample_rid
+from glmlab.core import SamplingParams
 from glmlab.distributed.parallel import ProcessGroups
 from glmlab.distributed.random_shard import random_tp_model
 from glmlab.engine.config import EngineConfig

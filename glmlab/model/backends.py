@@ -30,8 +30,9 @@ Op signatures (shape letters as in kernels/README.md):
       (torch: per-sequence pool update + selection; triton: the paged indexer on uniform steps)
   penalties(x, idx, rows, counts, prompt, bias, stops, rep, freq, pres, early) -> None
       the sampler's logit adjustments, in place on rows ``idx`` of fp32 logits [N, V]
-      (glmlab.kernels.sampling: torch reference; triton: one pass) - bound by the ModelRunner's
-      sampler, not the model (``Backends.sampling``)
+  token_mask(x, idx, bitmask) -> None    a grammar's allowed tokens ([M, ceil(V/32)] int32 bits)
+      (both glmlab.kernels.sampling: torch references; triton: one pass each) - bound by the
+      ModelRunner's sampler, not the model (``Backends.sampling``)
 """
 
 from __future__ import annotations
@@ -86,8 +87,10 @@ ROUTER = Registry("router")
 KDA_STEP = Registry("kda_step")
 DSA_INDEX = Registry("dsa_index")
 PENALTIES = Registry("penalties")
-PENALTIES.add("torch", "glmlab.kernels.sampling.ref:apply_penalties_ref")
-PENALTIES.add("triton", "glmlab.kernels.sampling.penalties_triton:apply_penalties_triton")
+TOKEN_MASK = Registry("token_mask")
+for _reg, _name in ((PENALTIES, "penalties"), (TOKEN_MASK, "token_mask")):
+    _reg.add("torch", f"glmlab.kernels.sampling.ref:apply_{_name}_ref")
+    _reg.add("triton", f"glmlab.kernels.sampling.penalties_triton:apply_{_name}_triton")
 for _reg, _name in ((LINEAR_FP8, "linear_fp8"), (RMSNORM, "rmsnorm"), (MHC, "mhc"),
                     (ROUTER, "router"), (KDA_STEP, "kda_step"), (DSA_INDEX, "dsa_index")):
     _reg.add("torch", f"glmlab.model.torch_ops:{_name}")
@@ -105,7 +108,7 @@ class Backends:
     router: str = "torch"
     kda_step: str = "torch"
     dsa_index: str = "torch"
-    sampling: str = "torch"  # the sampler's penalties
+    sampling: str = "torch"  # the sampler's penalties and grammar masks
 
     @classmethod
     def fast(cls) -> Backends:
@@ -134,6 +137,7 @@ class Backends:
             "kda_step": KDA_STEP.get(self.kda_step),
             "dsa_index": DSA_INDEX.get(self.dsa_index),
             "penalties": PENALTIES.get(self.sampling),
+            "token_mask": TOKEN_MASK.get(self.sampling),
         }
 
     def describe(self) -> str:

@@ -1,5 +1,6 @@
-"""``ref.apply_penalties_ref`` in one pass: each program reads one block of one adjusted row's
-logits and of its request's tables, and writes the adjusted logits back in place.
+"""``ref.apply_penalties_ref`` and ``ref.apply_token_mask_ref`` in one pass each: a program reads
+one block of one adjusted row's logits and of its request's tables (or bitmask words), and writes
+the adjusted logits back in place.
 
 The torch reference gathers the rows, builds a dozen [M, V] temporaries and scatters them back
 (~12 passes over M x V fp32); here each element is read and written once, which is what keeps
@@ -62,3 +63,29 @@ def apply_penalties_triton(x: torch.Tensor, idx: torch.Tensor, rows: torch.Tenso
     _penalties_kernel[(m, triton.cdiv(vocab, bv))](
         x, idx, rows, counts, prompt.view(torch.uint8), bias, stops.view(torch.uint8),
         rep, freq, pres, early.view(torch.uint8), vocab, BV=bv, num_warps=4)
+
+
+@triton.jit
+def _token_mask_kernel(x_ptr, idx_ptr, mask_ptr, V, W, BV: tl.constexpr):
+    i = tl.program_id(0)
+    v = tl.program_id(1) * BV + tl.arange(0, BV)
+    ok = v < V
+    xr = tl.load(idx_ptr + i).to(tl.int64)
+    word = tl.load(mask_ptr + i * W + v // 32, mask=ok, other=-1)
+    allowed = ((word >> (v % 32)) & 1) != 0
+    x = tl.load(x_ptr + xr * V + v, mask=ok, other=0.0)
+    tl.store(x_ptr + xr * V + v, tl.where(allowed, x, float("-inf")), mask=ok)
+
+
+def apply_token_mask_triton(x: torch.Tensor, idx: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Rows ``idx`` [M] of fp32 logits ``x`` [N, V] to -inf where ``bitmask`` [M, ceil(V/32)]
+    int32 (contiguous) says a token is not allowed, in place (``ref.apply_token_mask_ref``)."""
+    m, vocab = idx.numel(), x.shape[-1]
+    words = (vocab + 31) // 32
+    if not x.is_contiguous() or bitmask.shape != (m, words) or not bitmask.is_contiguous():
+        raise ValueError(f"x must be contiguous and bitmask [{m}, {words}] int32")
+    if m == 0:
+        return
+    bv = 1024
+    _token_mask_kernel[(m, triton.cdiv(vocab, bv))](x, idx, bitmask, vocab, words, BV=bv,
+                                                     num_warps=4)

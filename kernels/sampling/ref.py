@@ -11,6 +11,10 @@ per-request tables at rows ``rows`` (of the sampler's state, one row per adjuste
 Shapes: ``idx``, ``rows`` [M] int64; ``counts``, ``bias`` [S, V] fp32; ``prompt``, ``stops``
 [S, V] bool; ``rep``, ``freq``, ``pres`` [M] fp32; ``early`` [M] bool (M adjusted rows, S table
 rows). The order of operations is part of the contract: the kernel computes exactly this.
+
+``apply_token_mask_ref`` sets row ``idx[i]`` of ``x`` to -inf wherever bit ``v % 32`` of word
+``v // 32`` of ``bitmask[i]`` [M, ceil(V/32)] int32 is 0 (a grammar's allowed next tokens, the
+layout xgrammar fills).
 """
 
 from __future__ import annotations
@@ -31,3 +35,9 @@ def apply_penalties_ref(x: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor,
     sub = sub - freq[:, None] * c - pres[:, None] * (c > 0).float() + bias[rows]
     sub = sub.masked_fill(stops[rows] & early[:, None], _MASK)
     x[idx] = sub
+
+
+def apply_token_mask_ref(x: torch.Tensor, idx: torch.Tensor, bitmask: torch.Tensor) -> None:
+    ids = torch.arange(x.shape[-1], device=x.device)
+    allowed = ((bitmask[:, ids // 32] >> (ids % 32)) & 1).bool()  # [M, V]
+    x[idx] = x[idx].masked_fill(~allowed, _MASK)

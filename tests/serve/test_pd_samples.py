@@ -135,16 +135,15 @@ def test_n_samples_left_mid_stream_free_everything(pd):
         body = {"input_ids": prompt_ids(120, 33 + after_chunks), "stream": True,
                 "sampling_params": {"max_new_tokens": 64, "n": 4, "temperature": 0.7,
                                     "ignore_eos": True}}
-        async with aiohttp.ClientSession() as s:
-            async with s.post(f"{pd.url}/generate", json=body) as r:
-                assert r.status == 200
-                seen = 0
-                async for line in r.content:
-                    if line.startswith(b"data: {"):
-                        json.loads(line[6:])
-                        seen += 1
-                    if seen >= after_chunks:
-                        break
+        async with aiohttp.ClientSession() as s, s.post(f"{pd.url}/generate", json=body) as r:
+            assert r.status == 200
+            seen = 0
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    json.loads(line[6:])
+                    seen += 1
+                if seen >= after_chunks:
+                    break
 
     async def both():
         await asyncio.gather(leave(0), leave(3))

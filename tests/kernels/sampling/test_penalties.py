@@ -1,5 +1,6 @@
-"""The one-pass penalties kernel against its torch reference (bitwise, fp32; the Triton
-interpreter on CPU), and the sampler with either backend drawing the same tokens."""
+"""The one-pass penalties and token-mask kernels against their torch references (bitwise, fp32;
+the Triton interpreter on CPU), the sampler drawing the same tokens with either backend, and
+both kernels compiling for sm_90."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from glmlab.core import Req, SamplingParams
-from glmlab.kernels.sampling.ref import apply_penalties_ref
+from glmlab.kernels.sampling.ref import apply_penalties_ref, apply_token_mask_ref
 from glmlab.sampling import BatchSampler
 
 triton_impl = pytest.importorskip("glmlab.kernels.sampling.penalties_triton")
@@ -41,6 +42,34 @@ def test_kernel_equals_reference_bitwise(m, s, v, seed):
     assert torch.equal(got[untouched], args[0][untouched])  # other rows are left alone
 
 
+@pytest.mark.parametrize("m, v, seed", [(1, 33, 0), (4, 3000, 1)])
+def test_token_mask_equals_reference_bitwise(m, v, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m + 2, v, generator=g)
+    idx = torch.randperm(m + 2, generator=g)[:m]
+    words = torch.randint(-(2 ** 31), 2 ** 31, (m, (v + 31) // 32), generator=g,
+                          dtype=torch.int64).to(torch.int32)  # bit 31 set in about half
+    want, got = x.clone(), x.clone()
+    apply_token_mask_ref(want, idx, words)
+    triton_impl.apply_token_mask_triton(got, idx, words)
+    assert torch.equal(want, got)
+    row = int(idx[0])
+    allowed = [t for t in range(v) if (int(words[0, t // 32]) >> (t % 32)) & 1]
+    assert torch.isfinite(got[row]).nonzero().flatten().tolist() == allowed
+
+
+class _Only:
+    """A grammar that allows the tokens in ``ok`` (the GrammarMatcher protocol)."""
+
+    def __init__(self, ok: set[int]):
+        self.ok = ok
+
+    def fill_mask(self, bitmask, row):
+        bitmask[row] = 0
+        for t in self.ok:
+            bitmask[row, t // 32] |= (1 << (t % 32)) if t % 32 < 31 else -(2 ** 31)
+
+
 def test_sampler_draws_the_same_with_either_backend():
     v = 300
     reqs = [Req(f"r{i}", list(range(i, i + 40)) + [7, 7, 9], 40,
@@ -48,10 +77,13 @@ def test_sampler_draws_the_same_with_either_backend():
                                presence_penalty=0.3, repetition_penalty=1.3,
                                logit_bias=((5, 2.0),), min_new_tokens=5, logprobs=3),
                 48, frozenset({1, 2}), seed=i) for i in range(4)]
+    reqs[1].grammar, reqs[3].grammar = _Only({31, 63, 200}), _Only({5, 6})
     logits = torch.randn(4, v, generator=torch.Generator().manual_seed(3))
     a = BatchSampler(v, "cpu").sample(reqs, logits)
-    b = BatchSampler(v, "cpu", triton_impl.apply_penalties_triton).sample(reqs, logits)
+    b = BatchSampler(v, "cpu", triton_impl.apply_penalties_triton,
+                     triton_impl.apply_token_mask_triton).sample(reqs, logits)
     assert a == b
+    assert a[1].tokens[0] in {31, 63, 200} and a[3].tokens[0] in {5, 6}
 
 
 _AOT = """
@@ -63,7 +95,11 @@ ptrs = {"x_ptr": "*fp32", "idx_ptr": "*i64", "rows_ptr": "*i64", "counts_ptr": "
         "freq_ptr": "*fp32", "pres_ptr": "*fp32", "early_ptr": "*u8"}
 c = compile_sm90(k, {a: ptrs.get(a, "i32") for a in _jit(k).arg_names}, dict(BV=1024),
                  num_warps=4)
-print(c.name, c.shared)
+k = p._token_mask_kernel
+ptrs = {"x_ptr": "*fp32", "idx_ptr": "*i64", "mask_ptr": "*i32"}
+d = compile_sm90(k, {a: ptrs.get(a, "i32") for a in _jit(k).arg_names}, dict(BV=1024),
+                 num_warps=4)
+print(c.name, d.name)
 """
 
 
@@ -78,4 +114,4 @@ def test_kernel_compiles_for_sm90():
     done = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split()[0] == "_penalties_kernel"
+    assert done.stdout.split()[-2:] == ["_penalties_kernel", "_token_mask_kernel"]
