@@ -182,9 +182,9 @@ def side_by_side(engine: Engine, args, case: str, variant) -> dict:
                             ignore_eos=True) for i in range(args.batch)]
     times: dict[str, list[float]] = {"plain": [], case: []}
     sampler: dict[str, list[float]] = {"plain": [], case: []}
-    for _ in range(args.reps):
-        for name, (ps, gs) in (("plain", (plain, [None] * args.batch)),
-                               (case, variant(plain))):
+    for r in range(args.reps):
+        rounds = [("plain", (plain, [None] * args.batch)), (case, variant(plain))]
+        for name, (ps, gs) in rounds[::-1] if r % 2 else rounds:  # neither always goes first
             steps, alone = decode_round(engine, args, ps, gs)
             times[name] += steps
             sampler[name] += alone
