@@ -32,6 +32,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -251,17 +252,17 @@ def page_bytes(engine: Engine) -> tuple[int, int]:
     return page, state
 
 
-def case_samples(model, args) -> list[dict]:
+def case_samples(model, args) -> Iterator[dict]:
+    """Rows as measured: one engine forking the samples, the prefill + decode pair, then the
+    same n as separate requests (the baseline, last: n prompts to compute)."""
     n, plen, new, s = args.samples, args.prompt_len, args.new_tokens, args.page_size
     vocab = model.cfg.vocab_size
     prompt = torch.randint(0, vocab, (plen,), generator=torch.Generator().manual_seed(7)).tolist()
     params = SamplingParams(n=n, temperature=1.0, seed=11, max_new_tokens=new, ignore_eos=True)
     pages = lambda t: -(-t // s)  # noqa: E731
     forked = pages(plen + new) + (n - 1) * (pages(plen + new) - plen // s)
-    cfg = engine_config(args, plen + new + s, n)
-    rows = []
 
-    def measure(mode: str, engine: Engine, submit, expect: dict) -> Engine:
+    def measure(mode: str, engine: Engine, submit, expect: dict) -> dict:
         before = engine.stats()
         sync(args.device)
         start = time.perf_counter()
@@ -269,43 +270,41 @@ def case_samples(model, args) -> list[dict]:
         _run(engine)
         sync(args.device)
         after = engine.stats()
+        engine.assert_idle()
         got = {"prefill_compute_tokens": after.prefill_compute_tokens
                - before.prefill_compute_tokens,
                "pages_allocated": after.pages_allocated - before.pages_allocated}
-        rows.append({"case": "samples", "mode": mode, "samples": n, "prompt_len": plen,
-                     "new_tokens": new, "page_size": s, "wall_ms": round(
-                         (time.perf_counter() - start) * 1e3, 2), **got,
-                     "expected": expect, "as_expected": got == expect})
-        engine.assert_idle()
-        return engine
+        return {"case": "samples", "mode": mode, "samples": n, "prompt_len": plen,
+                "new_tokens": new, "page_size": s,
+                "wall_ms": round((time.perf_counter() - start) * 1e3, 2), **got,
+                "expected": expect, "as_expected": got == expect}
 
-    one = Engine(model, cfg)
-    measure("mixed_one_request", one, lambda e: e.add_request(prompt, params),
-            {"prefill_compute_tokens": plen, "pages_allocated": forked})
+    one = Engine(model, engine_config(args, plen + new + s, n))
+    yield measure("mixed_one_request", one, lambda e: e.add_request(prompt, params),
+                  {"prefill_compute_tokens": plen, "pages_allocated": forked})
+    pd = LocalPD(Engine(model, engine_config(args, plen + new + s, n)),
+                 Engine(model, engine_config(args, plen + new + s, n)))
+    handoffs = []
+    before = pd.prefill.stats()
+    row = measure("pd_decode", pd.decode, lambda e: handoffs.extend(pd.submit([prompt], params)),
+                  {"prefill_compute_tokens": 0, "pages_allocated": forked})
+    after = pd.prefill.stats()
+    pd.prefill.assert_idle()
+    pb, state = page_bytes(pd.decode)
+    side = {"prefill_compute_tokens": after.prefill_compute_tokens
+            - before.prefill_compute_tokens,
+            "pages_allocated": after.pages_allocated - before.pages_allocated}
+    want = {"prefill_compute_tokens": plen, "pages_allocated": pages(plen)}
+    row.update(prefill_side=side, prefill_side_expected=want,
+               bytes_moved=handoffs[0].bytes_moved, bytes_one_prompt=pages(plen) * pb + state)
+    row["as_expected"] = (row["as_expected"] and side == want
+                          and row["bytes_moved"] == row["bytes_one_prompt"])
+    pd = None  # its pools are freed before the baseline runs
+    yield row
     separate = [SamplingParams(temperature=1.0, seed=sample_seed(11, i), max_new_tokens=new,
                                ignore_eos=True) for i in range(n)]
-    measure("mixed_n_requests", one, lambda e: [e.add_request(prompt, p) for p in separate],
-            {"prefill_compute_tokens": n * plen, "pages_allocated": n * pages(plen + new)})
-    del one
-    pd = LocalPD(Engine(model, cfg), Engine(model, engine_config(args, plen + new + s, n)))
-    handoffs = []
-    before_pre = pd.prefill.stats()
-    measure("pd_decode", pd.decode, lambda e: handoffs.extend(pd.submit([prompt], params)),
-            {"prefill_compute_tokens": 0, "pages_allocated": forked})
-    after_pre = pd.prefill.stats()
-    pb, state = page_bytes(pd.decode)
-    rows[-1].update({
-        "prefill_side": {"prefill_compute_tokens": after_pre.prefill_compute_tokens
-                         - before_pre.prefill_compute_tokens,
-                         "pages_allocated": after_pre.pages_allocated
-                         - before_pre.pages_allocated},
-        "prefill_side_expected": {"prefill_compute_tokens": plen, "pages_allocated": pages(plen)},
-        "bytes_moved": handoffs[0].bytes_moved, "bytes_one_prompt": pages(plen) * pb + state})
-    rows[-1]["as_expected"] = (rows[-1]["as_expected"]
-                               and rows[-1]["prefill_side"] == rows[-1]["prefill_side_expected"]
-                               and handoffs[0].bytes_moved == pages(plen) * pb + state)
-    pd.prefill.assert_idle()
-    return rows
+    yield measure("mixed_n_requests", one, lambda e: [e.add_request(prompt, p) for p in separate],
+                  {"prefill_compute_tokens": n * plen, "pages_allocated": n * pages(plen + new)})
 
 
 # ---------------------------------------------------------------- driver

@@ -28,7 +28,7 @@ def test_api_bench_rows(tmp_path):
         assert r["ratio"] == round(r["step_ms"] / r["plain_step_ms"], 4)
         assert r["meets_goal"] == (r["step_ms"] / r["plain_step_ms"] <= r["goal_ratio"])
     assert rows[1]["constrained"] == 2
-    one, separate, pd = rows[2:]
+    one, pd, separate = rows[2:]
     # 100 tokens: 6 whole pages of 16 and a partial one; 104 with the outputs: 7 pages
     assert (one["prefill_compute_tokens"], one["pages_allocated"]) == (100, 7 + 2 * 1)
     assert (separate["prefill_compute_tokens"], separate["pages_allocated"]) == (300, 3 * 7)
