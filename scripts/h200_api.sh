@@ -50,7 +50,7 @@ else
   fi
   ARGS="--preset slice:4 --device cuda --backends ${BACKENDS:-fast} --batch 128 --context 1024
         --constrained 64 --warmup 5 --steps 20 --reps 2 --samples 8 --prompt-len 4096
-        --new-tokens 16 --page-size 64 --cache-gb 24 --time-budget 120"
+        --new-tokens 16 --page-size 64 --cache-gb 16 --time-budget 120"
   LIMIT=${LIMIT:-200}
 fi
 ARGS=$(echo $ARGS)  # one line, for the logs

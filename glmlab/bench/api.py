@@ -75,7 +75,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=4096)
     p.add_argument("--new-tokens", type=int, default=16)
     p.add_argument("--page-size", type=int, default=64)
-    p.add_argument("--cache-gb", type=float, help="pool bytes per engine (default: 24 on CUDA)")
+    p.add_argument("--cache-gb", type=float, help="pool GB of the decode engine, half of it "
+                   "for each of the samples case's three (default: 16 on CUDA)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stream", help="append each row to this JSONL file as it is measured")
     p.add_argument("--time-budget", type=float, help="seconds; later cases are skipped")
@@ -91,9 +92,10 @@ def build_model(args):
                            device=args.device, with_mtp=False)
 
 
-def engine_config(args, context_len: int, running: int) -> EngineConfig:
+def engine_config(args, context_len: int, running: int, share: float = 1.0) -> EngineConfig:
+    """``share`` of ``--cache-gb`` for this engine's pools (the samples case holds three)."""
     cuda = args.device.startswith("cuda")
-    gb = args.cache_gb if args.cache_gb is not None else (24.0 if cuda else 0.25)
+    gb = share * (args.cache_gb if args.cache_gb is not None else (16.0 if cuda else 0.25))
     return EngineConfig(device=args.device, fp8_weights="keep" if cuda else "dequantize",
                         page_size=args.page_size, context_len=context_len,
                         cache_bytes=int(gb * 1e9), max_running_requests=running,
@@ -279,11 +281,11 @@ def case_samples(model, args) -> Iterator[dict]:
                 "wall_ms": round((time.perf_counter() - start) * 1e3, 2), **got,
                 "expected": expect, "as_expected": got == expect}
 
-    one = Engine(model, engine_config(args, plen + new + s, n))
+    one = Engine(model, engine_config(args, plen + new + s, n, 0.5))
     yield measure("mixed_one_request", one, lambda e: e.add_request(prompt, params),
                   {"prefill_compute_tokens": plen, "pages_allocated": forked})
-    pd = LocalPD(Engine(model, engine_config(args, plen + new + s, n)),
-                 Engine(model, engine_config(args, plen + new + s, n)))
+    pd = LocalPD(Engine(model, engine_config(args, plen + new + s, n, 0.5)),
+                 Engine(model, engine_config(args, plen + new + s, n, 0.5)))
     handoffs = []
     before = pd.prefill.stats()
     row = measure("pd_decode", pd.decode, lambda e: handoffs.extend(pd.submit([prompt], params)),
