@@ -99,6 +99,7 @@ def engine_config(args, context_len: int, running: int, share: float = 1.0) -> E
     return EngineConfig(device=args.device, fp8_weights="keep" if cuda else "dequantize",
                         page_size=args.page_size, context_len=context_len,
                         cache_bytes=int(gb * 1e9), max_running_requests=running,
+                        cuda_graph_max_bs=running,  # graphs captured up to the batch only
                         backends=BACKENDS[args.backends](), print_budget=False,
                         max_num_batched_tokens=max(8192, args.prompt_len),
                         chunk_size=max(8192, args.prompt_len) // args.page_size * args.page_size)
