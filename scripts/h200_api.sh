@@ -10,7 +10,8 @@
 #              decode engine pair (LocalPD), next to the same 8 as separate requests
 #
 #   GLMLAB_GIT_COMMIT=<sha> GLMLAB_GIT_DIRTY=0 OUT=/dir bash scripts/h200_api.sh     (~3-4 min)
-#   BACKENDS=issue|reference OUT=/dir bash scripts/h200_api.sh     another op set than fast
+#   BACKENDS=issue|reference [SAMPLING=triton|torch] OUT=/dir bash scripts/h200_api.sh
+#                                            another op set than fast (and sampler ops)
 #   REHEARSE=1 OUT=/dir bash scripts/h200_api.sh                   the same on the CPU, tiny model
 #
 # Carry .devpack with fla, tilelang, serve and xgrammar (bash scripts/devpack.sh fla tilelang serve
@@ -53,6 +54,7 @@ else
         --new-tokens 16 --page-size 64 --cache-gb 16 --time-budget 120"
   LIMIT=${LIMIT:-200}
 fi
+[ -n "${SAMPLING:-}" ] && ARGS="$ARGS --sampling $SAMPLING"
 ARGS=$(echo $ARGS)  # one line, for the logs
 
 stamp install

@@ -29,6 +29,7 @@ requests on one batch of random logits: how much of the difference is sampling).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -64,6 +65,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--preset", default="slice:4")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--backends", default="fast", choices=sorted(BACKENDS))
+    p.add_argument("--sampling", choices=("torch", "triton"),
+                   help="the sampler's penalty and mask ops (default: the backend set's)")
     p.add_argument("--cases", default="penalties,grammar,samples")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--context", type=int, default=1024)
@@ -100,9 +103,14 @@ def engine_config(args, context_len: int, running: int, share: float = 1.0) -> E
                         page_size=args.page_size, context_len=context_len,
                         cache_bytes=int(gb * 1e9), max_running_requests=running,
                         cuda_graph_max_bs=running,  # graphs captured up to the batch only
-                        backends=BACKENDS[args.backends](), print_budget=False,
+                        backends=backends(args), print_budget=False,
                         max_num_batched_tokens=max(8192, args.prompt_len),
                         chunk_size=max(8192, args.prompt_len) // args.page_size * args.page_size)
+
+
+def backends(args) -> Backends:
+    chosen = BACKENDS[args.backends]()
+    return dataclasses.replace(chosen, sampling=args.sampling) if args.sampling else chosen
 
 
 def fill_random(engine: Engine, seed: int) -> None:
@@ -207,8 +215,6 @@ def side_by_side(engine: Engine, args, case: str, variant) -> dict:
 
 def case_penalties(engine: Engine, args) -> dict:
     def variant(plain):
-        import dataclasses
-
         return ([dataclasses.replace(p, frequency_penalty=0.5, presence_penalty=0.5,
                                      repetition_penalty=1.1, logprobs=20) for p in plain],
                 [None] * len(plain))
@@ -320,7 +326,7 @@ def run(argv: list[str]) -> list[dict]:
     started = time.monotonic()
     model = build_model(args)
     common = {"preset": args.preset, "device": args.device, "backends": args.backends,
-              "backend_ops": BACKENDS[args.backends]().describe(),
+              "backend_ops": backends(args).describe(),
               "model_dtype": str(model.dtype).removeprefix("torch.")}
     rows: list[dict] = []
     engine = None

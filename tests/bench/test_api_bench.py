@@ -36,3 +36,12 @@ def test_api_bench_rows(tmp_path):
     assert pd["prefill_side"] == {"prefill_compute_tokens": 100, "pages_allocated": 7}
     assert pd["bytes_moved"] == pd["bytes_one_prompt"]
     assert all(r["as_expected"] for r in rows[2:])
+
+
+def test_api_bench_with_the_triton_sampler_ops(tmp_path):
+    """The sampler's one-pass ops (the Triton interpreter here) under the same cases."""
+    assert main(["--op", "api", "--out", str(tmp_path), *ARGS, "--cases", "penalties,grammar",
+                 "--sampling", "triton"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "api.jsonl").read_text().splitlines()]
+    assert [r["case"] for r in rows] == ["penalties", "grammar"]
+    assert all("sampling=triton" in r["backend_ops"] for r in rows)
