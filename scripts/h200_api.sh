@@ -69,16 +69,20 @@ if [ "$REHEARSE" != 1 ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 fi
 $PY - <<'PY'
-import importlib
-for name in ("torch", "triton", "fla", "tilelang", "xgrammar", "pydantic"):
+import importlib.util
+from importlib import metadata
+# found, not imported (fla alone takes ~15 s to import): the bench imports what it uses
+for name, dist in (("torch", "torch"), ("triton", "triton"), ("fla", "fla-core"),
+                   ("tilelang", "tilelang"), ("xgrammar", "xgrammar"), ("pydantic", "pydantic")):
     try:
-        mod = importlib.import_module(name)
-        print(f"  {name}: {getattr(mod, '__version__', 'ok')}")
-    except Exception as e:  # noqa: BLE001 - every missing piece at once
-        print(f"  {name}: MISSING ({type(e).__name__}: {e})")
+        found = importlib.util.find_spec(name) is not None
+        print(f"  {name}: {metadata.version(dist) if found else 'MISSING'}")
+    except metadata.PackageNotFoundError:
+        print(f"  {name}: found, no metadata")
 PY
 CASES=penalties,grammar,samples
-if ! $PY -c "import xgrammar" 2>/dev/null; then
+if ! $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('xgrammar') is None)"
+then
   echo "!! xgrammar is missing: the grammar case is skipped (carry .devpack/xgrammar.tar.xz)"
   CASES=penalties,samples
   FAILED+=("xgrammar-missing")
@@ -98,7 +102,10 @@ except FileNotFoundError:
 print(f"{len(rows)} rows")
 bad = []
 for r in rows:
-    if r["case"] == "samples":
+    if "error" in r:
+        print(f"{r['case']:10} FAILED: {r['error'][:300]}")
+        bad.append(r["case"])
+    elif r["case"] == "samples":
         print(f"samples {r['mode']:18} n={r['samples']} prompt {r['prompt_len']}: prefill "
               f"tokens {r['prefill_compute_tokens']}, pages {r['pages_allocated']} (expected "
               f"{r['expected']}) {'ok' if r['as_expected'] else 'NOT AS EXPECTED'}"

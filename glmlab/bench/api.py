@@ -33,6 +33,7 @@ import dataclasses
 import json
 import statistics
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -330,30 +331,38 @@ def run(argv: list[str]) -> list[dict]:
               "model_dtype": str(model.dtype).removeprefix("torch.")}
     rows: list[dict] = []
     engine = None
+
+    def emit(row: dict, t0: float) -> None:
+        row = {**common, **row, "case_s": round(time.monotonic() - t0, 1)}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}), flush=True)
+        if args.stream:
+            Path(args.stream).parent.mkdir(parents=True, exist_ok=True)
+            with Path(args.stream).open("a") as f:
+                f.write(json.dumps({**machine(args.warmup, args.steps * args.reps), **row})
+                        + "\n")
+
     for case in cases:
         if args.time_budget and time.monotonic() - started > args.time_budget:
             print(f"skipped {case}: past the time budget", flush=True)
             continue
         t0 = time.monotonic()
-        if case in ("penalties", "grammar") and engine is None:
-            engine = Engine(model, engine_config(args, args.context + 2 * args.steps
-                                                 + 4 * args.page_size, args.batch))
-            fill_random(engine, args.seed)
-        if case == "penalties":
-            got = [case_penalties(engine, args)]
-        elif case == "grammar":
-            got = [case_grammar(engine, args)]
-        else:
-            engine = None  # its pools are not needed any more
-            got = case_samples(model, args)
-        for row in got:
-            row = {**common, **row, "case_s": round(time.monotonic() - t0, 1)}
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if not k.endswith("_all")}),
-                  flush=True)
-            if args.stream:
-                Path(args.stream).parent.mkdir(parents=True, exist_ok=True)
-                with Path(args.stream).open("a") as f:
-                    f.write(json.dumps({**machine(args.warmup, args.steps * args.reps),
-                                        **row}) + "\n")
+        try:  # one run on a GPU machine: a case that breaks leaves the others their rows
+            if case in ("penalties", "grammar") and engine is None:
+                engine = Engine(model, engine_config(args, args.context + 2 * args.steps
+                                                     + 4 * args.page_size, args.batch))
+                fill_random(engine, args.seed)
+            if case == "penalties":
+                got = [case_penalties(engine, args)]
+            elif case == "grammar":
+                got = [case_grammar(engine, args)]
+            else:
+                engine = None  # its pools are not needed any more
+                got = case_samples(model, args)
+            for row in got:
+                emit(row, t0)
+        except Exception as e:  # noqa: BLE001 - recorded as the case's row, loudly
+            traceback.print_exc()
+            emit({"case": case, "error": f"{type(e).__name__}: {e}"[:2000]}, t0)
+            engine = None  # its state is unknown: the next case builds its own
     return rows

@@ -45,3 +45,14 @@ def test_api_bench_with_the_triton_sampler_ops(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "api.jsonl").read_text().splitlines()]
     assert [r["case"] for r in rows] == ["penalties", "grammar"]
     assert all("sampling=triton" in r["backend_ops"] for r in rows)
+
+
+def test_a_case_that_breaks_leaves_a_row_and_the_others_run(tmp_path):
+    args = [*ARGS, "--steps", "0"]  # nothing to time: the decode cases cannot give a row
+    assert main(["--op", "api", "--out", str(tmp_path), *args, "--cases",
+                 "penalties,samples"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "api.jsonl").read_text().splitlines()]
+    assert rows[0]["case"] == "penalties" and "error" in rows[0]
+    assert [r.get("mode") for r in rows[1:]] == ["mixed_one_request", "pd_decode",
+                                                  "mixed_n_requests"]
+    assert all(r["as_expected"] for r in rows[1:])
