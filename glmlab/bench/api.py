@@ -74,7 +74,7 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--constrained", type=int, default=64)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--reps", type=int, default=2, help="rounds of plain then variant")
+    p.add_argument("--reps", type=int, default=2, help="rounds of both variants (which goes first alternates)")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=4096)
     p.add_argument("--new-tokens", type=int, default=16)
