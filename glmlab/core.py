@@ -235,19 +235,6 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return probs
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of fp32 logits [N, V]; greedy rows in one argmax, the others each with
-    their own generator (so a row's draw does not depend on its batch). One host sync in all."""
-    out = logits.argmax(-1)  # [N]
-    drawn = [i for i, p in enumerate(params) if not p.greedy]
-    if drawn:
-        picks = [torch.multinomial(filtered_probs(logits[i], params[i]), 1,
-                                   generator=generators[i]) for i in drawn]
-        out = out.index_put((torch.tensor(drawn, device=logits.device),), torch.cat(picks))
-    return out.tolist()
-
-
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
     """Logprobs of ``tokens[i]`` under row i of raw logits [N, V], with ``top`` alternatives."""
     if not tokens:
@@ -297,6 +284,8 @@ class SeqCache:
     slot: int  # state slot (conv + recurrent + index tails)
     pages: list[int] = field(default_factory=list)  # pages[i] holds positions [i*S, (i+1)*S)
     prefix_len: int = 0  # tokens reused from the radix tree at admission
+    # an imported prompt's n samples: slots of samples 1..n-1 (reserved at admission)
+    sample_slots: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -382,6 +371,7 @@ class CacheTarget:
     pages: tuple[int, ...]
     state_slot: int
     page_size: int
+    sample_slots: tuple[int, ...] = ()  # an import of n samples: the slots of samples 1..n-1
 
     @property
     def transfer_pages(self) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from glmlab.core import Req, Sampled, TokenLogprob
+from glmlab.kernels.sampling.ref import apply_penalties_ref, apply_token_mask_ref
 
 _MASK = float("-inf")
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
@@ -61,12 +62,18 @@ def sample_seed(seed: int, index: int) -> int:
 
 
 def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                 top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+                 top_p: torch.Tensor, min_p: torch.Tensor, truncates: bool | None = None,
+                 floors: bool | None = None) -> torch.Tensor:
     """softmax(logits / T) restricted by per-row top-k (<= 0: off), top-p and min-p, renormalised.
-    The most likely token always survives."""
+    The most likely token always survives. ``truncates`` (any row's top-k or top-p cuts) and
+    ``floors`` (any row's min-p) when the caller knows them on the host: no device sync here."""
     x = logits / temperature[:, None]
     vocab = x.shape[-1]
-    if bool(((top_k > 0) & (top_k < vocab)).any()) or bool((top_p < 1.0).any()):
+    if truncates is None:
+        truncates = bool(((top_k > 0) & (top_k < vocab)).any()) or bool((top_p < 1.0).any())
+    if floors is None:
+        floors = bool((min_p > 0).any())
+    if truncates:
         sorted_x, order = x.sort(dim=-1, descending=True)
         k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
         ranks = torch.arange(vocab, device=x.device)[None, :]
@@ -77,7 +84,7 @@ def filter_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.T
         sorted_x = sorted_x.masked_fill(drop, _MASK)
         x = torch.full_like(x, _MASK).scatter(-1, order, sorted_x)
     probs = x.softmax(-1)
-    if bool((min_p > 0).any()):
+    if floors:
         floor = probs.max(-1, keepdim=True).values * min_p[:, None]
         probs = probs.masked_fill(probs < floor, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
@@ -141,63 +148,86 @@ class BatchSampler:
     """The engine's sampler. ``sample(reqs, logits)``: one token per request (row i of fp32
     logits [N, V] is request i's), with logprobs where asked; ``release(rid)`` when one ends."""
 
-    def __init__(self, vocab: int, device: torch.device | str):
+    def __init__(self, vocab: int, device: torch.device | str, penalties=None,
+                 token_mask=None):
         self.vocab, self.device = vocab, torch.device(device)
         self.extras = _Extras(vocab, self.device)
+        # in-place adjustments of the penalised and the constrained rows
+        # (glmlab.kernels.sampling; the ModelRunner binds the backend its config names)
+        self.penalties = penalties or apply_penalties_ref
+        self.token_mask = token_mask or apply_token_mask_ref
+        self._masks = torch.empty(0, (vocab + 31) // 32, dtype=torch.int32)  # host, reused
 
     def release(self, rid: str) -> None:
         self.extras.release(rid)
 
-    def adjust(self, reqs: Sequence[Req], logits: torch.Tensor) -> torch.Tensor:
-        """Penalties, bias, min-token stop masks and grammar bitmasks; a new tensor if any."""
+    def adjust(self, reqs: Sequence[Req], logits: torch.Tensor,
+               masks: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
+        """Penalties, bias, min-token stop masks and grammar bitmasks (``grammar_masks``, filled
+        here unless given); a new tensor if any."""
         dev, x = logits.device, logits
+        if masks is None:
+            masks = self.grammar_masks(reqs)
         adj = [i for i, r in enumerate(reqs) if r.params.adjusts_logits]
         if adj:
             x = x.clone()
-            idx = torch.tensor(adj, device=dev)
-            rows = torch.tensor([self.extras.row(reqs[i]) for i in adj], device=dev)
             e = self.extras
-            counts, seen = e.counts[rows], e.prompt[rows]
+            # one host-to-device copy per dtype (each is a sync), not one per parameter
+            idx, rows = _to_device([adj, [e.row(reqs[i]) for i in adj]], torch.long, dev)
             par = [reqs[i].params for i in adj]
-            rep = torch.tensor([p.repetition_penalty for p in par], device=dev)[:, None]
-            freq = torch.tensor([p.frequency_penalty for p in par], device=dev)[:, None]
-            pres = torch.tensor([p.presence_penalty for p in par], device=dev)[:, None]
-            early = torch.tensor([len(reqs[i].token_ids) - reqs[i].num_prompt
-                                  < reqs[i].params.min_new_tokens for i in adj], device=dev)
-            sub = x[idx]
-            used = (counts > 0) | seen
-            sub = torch.where(used, torch.where(sub > 0, sub / rep, sub * rep), sub)
-            sub = sub - freq * counts - pres * (counts > 0).float() + e.bias[rows]
-            sub = sub.masked_fill(e.stops[rows] & early[:, None], _MASK)
-            x[idx] = sub
-        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if constrained:
+            rep, freq, pres, early = _to_device(
+                [[p.repetition_penalty for p in par], [p.frequency_penalty for p in par],
+                 [p.presence_penalty for p in par],
+                 [len(reqs[i].token_ids) - reqs[i].num_prompt < reqs[i].params.min_new_tokens
+                  for i in adj]], torch.float32, dev)
+            self.penalties(x, idx, rows, e.counts, e.prompt, e.bias, e.stops, rep, freq, pres,
+                           early.bool())
+        if masks is not None:
             x = x.clone() if x is logits else x
-            words = (x.shape[-1] + 31) // 32
-            bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
-            for i in constrained:
-                reqs[i].grammar.fill_mask(bitmask, i)
-            x.masked_fill_(~unpack_bitmask(bitmask.to(dev), x.shape[-1]), _MASK)
+            rows, bitmask = masks
+            self.token_mask(x, torch.tensor(rows).to(dev), bitmask.to(dev, non_blocking=True))
         return x
+
+    def grammar_masks(self, reqs: Sequence[Req]) -> tuple[list[int], torch.Tensor] | None:
+        """(the constrained rows, their [M, ceil(V/32)] int32 host bitmask of the tokens each
+        one's grammar allows next); None when no request has a grammar. The host buffer is
+        pinned on CUDA and reused: its copy to the device is done before the step ends (the
+        sampled tokens' copy back waits for it), so the next step may refill it."""
+        rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return None
+        if self._masks.shape[0] < len(rows):
+            self._masks = torch.empty(2 * len(rows), self._masks.shape[1], dtype=torch.int32,
+                                      pin_memory=self.device.type == "cuda")
+        bitmask = self._masks[:len(rows)]
+        bitmask.fill_(-1)
+        for j, i in enumerate(rows):
+            reqs[i].grammar.fill_mask(bitmask, j)
+        return rows, bitmask
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]:
         if not reqs:
             return []
         dev = logits.device
-        x = self.adjust(reqs, logits)
+        # the grammars' masks are host work: filled before anything waits on the device (the
+        # first small host-to-device copy below does), they overlap the forward still running
+        x = self.adjust(reqs, logits, self.grammar_masks(reqs))
         tokens = x.argmax(-1)
         drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if drawn:
-            idx = torch.tensor(drawn, device=dev)
             par = [reqs[i].params for i in drawn]
+            vocab = x.shape[-1]
+            idx, top_k, seeds, pos = _to_device(
+                [drawn, [p.top_k for p in par], [reqs[i].seed for i in drawn],
+                 [len(reqs[i].token_ids) for i in drawn]], torch.long, dev)
+            temp, top_p, min_p = _to_device([[p.temperature for p in par],
+                                             [p.top_p for p in par], [p.min_p for p in par]],
+                                            torch.float32, dev)
             probs = filter_probs(
-                x[idx], torch.tensor([p.temperature for p in par], device=dev),
-                torch.tensor([p.top_k for p in par], device=dev),
-                torch.tensor([p.top_p for p in par], device=dev),
-                torch.tensor([p.min_p for p in par], device=dev))
-            u = seeded_uniform(torch.tensor([reqs[i].seed for i in drawn], device=dev),
-                               torch.tensor([len(reqs[i].token_ids) for i in drawn], device=dev),
-                               x.shape[-1])
+                x[idx], temp, top_k, top_p, min_p,
+                truncates=any(0 < p.top_k < vocab or p.top_p < 1.0 for p in par),
+                floors=any(p.min_p > 0 for p in par))
+            u = seeded_uniform(seeds, pos, vocab)
             tokens[idx] = (probs / -torch.log(u)).argmax(-1)
         picked = tokens.tolist()
         self._count(reqs, picked)
@@ -219,18 +249,17 @@ class BatchSampler:
         wanted = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if wanted:
             top = max(reqs[i].params.logprobs for i in wanted)
-            rows = torch.tensor(wanted, device=logits.device)
-            lps = logprobs_of(logits[rows], [picked[i] for i in wanted], top)
+            rows = logits if len(wanted) == len(reqs) else \
+                logits[torch.tensor(wanted, device=logits.device)]
+            lps = logprobs_of(rows, [picked[i] for i in wanted], top)
             for i, lp in zip(wanted, lps, strict=True):
                 out[i] = Sampled((picked[i],), (lp.with_top(reqs[i].params.logprobs),))
         return out
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[N, ceil(V/32)] int32 words -> [N, V] bool (token allowed)."""
-    ids = torch.arange(vocab, device=bitmask.device)
-    words = bitmask[:, ids // 32]
-    return ((words >> (ids % 32)) & 1).bool()
+def _to_device(columns: list[list], dtype: torch.dtype, device) -> torch.Tensor:
+    """Equal-length host lists as the rows of one ``dtype`` tensor on ``device``: one copy."""
+    return torch.tensor(columns, dtype=dtype).to(device)
 
 
 def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
@@ -239,13 +268,16 @@ def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[T
     if not len(tokens):
         return []
     lp = torch.log_softmax(logits.float(), -1)
-    picked = lp.gather(-1, torch.tensor(list(tokens), device=lp.device)[:, None])[:, 0]
+    picked = lp.gather(-1, torch.tensor(list(tokens), device=lp.device)[:, None])
     if top:
         values, ids = lp.topk(top, dim=-1)
-        picked, values, ids = picked.tolist(), values.tolist(), ids.tolist()
-        alts = [tuple(zip(i, v, strict=True)) for i, v in zip(ids, values, strict=True)]
+        # one device-to-host copy: token ids are exact in fp64 (and fp32 below 2**24)
+        wide = torch.float32 if lp.shape[-1] < (1 << 24) else torch.float64
+        rows = torch.cat([picked.to(wide), values.to(wide), ids.to(wide)], 1).tolist()
+        picked = [r[0] for r in rows]
+        alts = [tuple(zip(map(int, r[1 + top:]), r[1:1 + top], strict=True)) for r in rows]
     else:
-        picked, alts = picked.tolist(), [()] * len(tokens)
+        picked, alts = picked[:, 0].tolist(), [()] * len(tokens)
     return [TokenLogprob(t, p, a) for t, p, a in zip(tokens, picked, alts, strict=True)]
 
 

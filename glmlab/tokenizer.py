@@ -83,12 +83,21 @@ class Tokenizer:
         if not self.chat_template:
             raise TokenizerError("this checkpoint's tokenizer has no chat template")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = _tojson  # as transformers renders templates (GLM's use it)
         try:
             return env.from_string(self.chat_template).render(
                 messages=messages, add_generation_prompt=add_generation_prompt, **kwargs
             )
         except jinja2.TemplateError as e:
             raise TokenizerError(f"chat template failed: {e}") from e
+
+
+def _tojson(value, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' ``tojson`` filter: plain ``json.dumps`` (jinja's own escapes HTML and
+    takes no ``ensure_ascii``, so a template would render differently here and there)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _read_json(path: Path) -> dict:

@@ -2,7 +2,8 @@
 # Packs the Python packages the H200 machine does not have (it reaches no package registry) into
 # small archives that travel with the working tree (the tree may carry 64 MiB in all).
 #
-#   bash scripts/devpack.sh [fla] [tilelang] [nixl] [deepgemm] [serve]   (no argument: fla tilelang)
+#   bash scripts/devpack.sh [fla] [tilelang] [nixl] [deepgemm] [serve] [xgrammar]
+#                                                                     (no argument: fla tilelang)
 #
 # Writes .devpack/<pack>.tar.xz in the repository (git-ignored through .git/info/exclude) and keeps
 # built archives in ~/.cache/glmlab-devpack. Wheels are cp312 manylinux builds (the H200 machine has
@@ -35,7 +36,10 @@ wheels_of() {
     serve) echo "fastapi==0.165.0 starlette uvicorn==0.54.0 pydantic pydantic-core annotated-types
                  annotated-doc opentelemetry-api typing-extensions
                  typing-inspection" ;;
-    *) echo "unknown pack: $1 (fla, tilelang, nixl, deepgemm, serve)" >&2; return 2 ;;
+    # structured output (the serve extra's grammar engine); it needs apache-tvm-ffi (tilelang's
+    # pack) and pydantic (serve's)
+    xgrammar) echo "xgrammar==0.2.9" ;;
+    *) echo "unknown pack: $1 (fla, tilelang, nixl, deepgemm, serve, xgrammar)" >&2; return 2 ;;
   esac
 }
 

@@ -37,7 +37,7 @@ from starlette.types import Message, Send
 from glmlab.core import InvalidRequest
 from glmlab.serve import chat
 from glmlab.serve.errors import RequestError, ServeError, error_body, error_response
-from glmlab.serve.generation import merge, open_batch, open_samples
+from glmlab.serve.generation import merge, open_batch
 from glmlab.serve.grammar import GrammarCache
 from glmlab.serve.limits import HttpLimits
 from glmlab.serve.metrics import ServeMetrics
@@ -160,7 +160,7 @@ class Api:
                                 bool(options and options.include_usage),
                                 route.parsers(body, self.worker.wc))
         try:
-            subs = await open_batch(self.worker, batch, card.tokenizer.encode, open_samples)
+            subs = await open_batch(self.worker, batch, card.tokenizer.encode)
         except InvalidRequest as e:
             raise RequestError(str(e), param=e.field) from e
 

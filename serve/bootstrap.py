@@ -10,8 +10,8 @@ The two meet here:
   metadata and the addresses of their cache regions); both sides refuse a pair whose layouts
   differ (``pairing_problem``: TP degree, page size, drafter hand-off, every rank's regions);
 - per request, decode posts ``POST /rooms/{room}`` with where the request's cache must land (its
-  page ids for the part of the prompt it lacks, its state slot and aux row); the prefill worker
-  handling the same room waits for that message, computes, and pushes;
+  page ids for the part of the prompt it lacks, its state slot, an aux row per sample); the
+  prefill worker handling the same room waits for that message, computes, and pushes;
 - ``DELETE /rooms/{room}`` tells prefill that decode gave up on the room.
 
 This module moves JSON and pairs rooms; it never touches the engine or NIXL itself: the worker
@@ -107,11 +107,13 @@ class RoomMessage:
     decode_prefix_len: int  # tokens decode already holds (page aligned): not sent again
     dst_pages: tuple[int, ...]  # decode pages for positions [decode_prefix_len, prompt_len)
     dst_state_slot: int
-    dst_aux_row: int
+    # one aux row per sample (the prompt's n samples share one transfer): each sample's first
+    # token lands in its own row, sample 0's first
+    dst_aux_rows: tuple[int, ...]
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["dst_pages"] = list(self.dst_pages)
+        d["dst_pages"], d["dst_aux_rows"] = list(self.dst_pages), list(self.dst_aux_rows)
         return d
 
     @classmethod
@@ -119,7 +121,7 @@ class RoomMessage:
         return cls(int(d["room"]), str(d["decode_agent"]), int(d["prompt_len"]),
                    str(d["prompt_hash"]), int(d["decode_prefix_len"]),
                    tuple(int(p) for p in d["dst_pages"]), int(d["dst_state_slot"]),
-                   int(d["dst_aux_row"]))
+                   tuple(int(r) for r in d["dst_aux_rows"]))
 
 
 @dataclass

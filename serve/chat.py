@@ -1,13 +1,16 @@
 """Chat requests: messages, tools and the thinking switch through the checkpoint's chat template.
 
 ``reduce(body, card)`` renders the messages (with ``tools`` and ``chat_template_kwargs`` such
-as ``enable_thinking`` handed to the template) and reduces the body to a ``GenBatch``; a
-``required`` or named ``tool_choice`` becomes a grammar (serve/parsers/tool_calls.py) so the
-output is a well-formed call whatever the model. ``parsers_for(body, card)`` picks the output
+as ``enable_thinking`` handed to the template: GLM's lists the tools in a system turn, and
+replays an assistant's calls from their arguments, decoded from JSON here) and reduces the body
+to a ``GenBatch``; a ``required`` or named ``tool_choice`` becomes a grammar
+(serve/parsers/tool_calls.py) so the output is a well-formed call whatever the model. ``parsers_for(body, card)`` picks the output
 parsers the service was started with (``--reasoning-parser``, ``--tool-call-parser``).
 """
 
 from __future__ import annotations
+
+import json
 
 from glmlab.serve.errors import RequestError
 from glmlab.serve.parsers import ChatParsers
@@ -22,8 +25,27 @@ def _messages(body: ChatBody) -> list[dict]:
         for key in ("reasoning_content", "tool_calls", "tool_call_id", "name"):
             if getattr(m, key) is not None:
                 d[key] = getattr(m, key)
+        if "tool_calls" in d:
+            d["tool_calls"] = [_call_with_mapping(c) for c in d["tool_calls"]]
         out.append(d)
     return out
+
+
+def _call_with_mapping(call):
+    """An OpenAI tool call whose ``arguments`` (a JSON string on the wire) is a mapping, as GLM's
+    template iterates over them (SGLang decodes them the same way before rendering)."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        args = json.loads(fn["arguments"])
+    except ValueError:
+        raise RequestError("a tool call's function.arguments must be a JSON object string",
+                           param="messages") from None
+    if not isinstance(args, dict):
+        raise RequestError("a tool call's function.arguments must be a JSON object string",
+                           param="messages")
+    return {**call, "function": {**fn, "arguments": args}}
 
 
 def _tool_choice(body: ChatBody) -> tuple[str, str | None]:

@@ -8,7 +8,10 @@ prefill stops answering or ``transfer_timeout_s`` passes, and everything the req
 freed (or, when a live prefill may still be writing into its pages, kept out of use). Under TP
 each rank's agent gets the notification of its own rank's WRITE (the followers report theirs);
 the import completes only when every rank's has arrived. With speculation on, the drafter rows
-landed too and the engine adopts them (``complete_import(..., draft_state=True)``).
+landed too and the engine adopts them (``complete_import(..., draft_state=True)``). A prompt with
+``n`` samples is ONE import (pages once, a state slot per sample, one room message with an aux
+row per sample): when it lands, the engine forks the samples from it with the first tokens the
+prefill drew for each (``complete_import(..., samples=...)``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from glmlab.core import CacheTarget
+from glmlab.core import CacheTarget, sample_rid
 from glmlab.engine.engine import Engine
 from glmlab.serve.bootstrap import BootstrapClient, PeerInfo, RoomMessage
 from glmlab.serve.config import WorkerConfig
@@ -33,12 +36,17 @@ class _Recv:
     room: int
     ids: list[int]
     base: str
+    n: int = 1  # samples of the prompt (one import for all)
     started: float = field(default_factory=time.monotonic)
     lease: CacheTarget | None = None  # set when the engine admits the request
     expected_bytes: int = 0
     sent: bool = False  # the room message went out: the prefill may write into the lease
     abandoned: bool = False
     landed: set[int] = field(default_factory=set)  # ranks whose WRITE notification arrived
+
+    @property
+    def rids(self) -> list[str]:
+        return [sample_rid(self.rid, i) for i in range(self.n)]
 
 
 class DecodeWorker(PDWorker):
@@ -102,22 +110,32 @@ class DecodeWorker(PDWorker):
         if r.abandoned:
             self._drop(r.rid)
             return
-        token, lp, cached, prompt_len = self.shard.read_aux(r.lease.state_slot)
-        if prompt_len != len(r.ids):
+        rows = [self.shard.read_aux(row) for row in (r.lease.state_slot,
+                                                     *r.lease.sample_slots)]
+        token, lp, cached, _ = rows[0]
+        if any(prompt_len != len(r.ids) for *_, prompt_len in rows):
             self._drop(r.rid)
-            self._push_error(r, f"the aux row of room {r.room} is inconsistent", 502)
+            self._push_error(r, f"the aux rows of room {r.room} are inconsistent", 502)
             return
         ms = (time.monotonic() - r.started) * 1e3
         self.bytes_received += r.expected_bytes
-        self.timeline.add(r.rid, "transfer_landed", room=r.room, bytes=r.expected_bytes, ms=ms)
-        box = self.outboxes.get(r.rid)
-        if box is not None:  # meta_info of the answer
-            box.push({"pd_transfer": {
-                "bytes": r.expected_bytes, "pages": len(r.lease.transfer_pages),
-                "decode_prefix_len": r.lease.prefix_len, "prefill_cached_tokens": cached,
-                "wait_ms": round(ms, 3), "ranks": self.tp}})
-        self._on_output(self.engine.complete_import(
-            r.rid, token, lp, draft_state=self.engine.spec is not None))
+        self.timeline.add(r.rid, "transfer_landed", room=r.room, bytes=r.expected_bytes, ms=ms,
+                          samples=r.n)
+        for rid in r.rids:
+            box = self.outboxes.get(rid)
+            if box is not None:  # meta_info of the answer
+                box.push({"pd_transfer": {
+                    "bytes": r.expected_bytes, "pages": len(r.lease.transfer_pages),
+                    "decode_prefix_len": r.lease.prefix_len, "prefill_cached_tokens": cached,
+                    "wait_ms": round(ms, 3), "ranks": self.tp, "samples": r.n}})
+        outs = self.engine.complete_import(r.rid, token, lp,
+                                           draft_state=self.engine.spec is not None,
+                                           samples=[(t, tl) for t, tl, _, _ in rows[1:]])
+        for out in outs:
+            self._on_output(out)
+        for rid in r.rids[1:]:
+            if rid not in self.outboxes:  # that sample's client left while the cache moved
+                self._drop(rid)
 
     def _fail(self, r: _Recv, reason: str, free: bool = True) -> None:
         self.importing.pop(r.rid, None)
@@ -130,9 +148,10 @@ class DecodeWorker(PDWorker):
         self._push_error(r, f"room {r.room}: {reason}", 502)
 
     def _push_error(self, r: _Recv, message: str, status: int) -> None:
-        box = self.outboxes.get(r.rid)
-        if box is not None and not r.abandoned:
-            box.push(ServeError(message, status=status))
+        for rid in r.rids:
+            box = self.outboxes.get(rid)
+            if box is not None and not r.abandoned:
+                box.push(ServeError(message, status=status))
 
     def _forget(self, rid: str, abort: bool) -> None:
         def drop():
@@ -194,9 +213,12 @@ class DecodeWorker(PDWorker):
         await self.thread.call(lambda: self._fail(r, reason, free)
                                if r.rid in self.importing else None)
 
-    async def open(self, req: GenRequest, ids: list[int], meta: dict) -> Records:
+    async def open_samples(self, req: GenRequest, ids: list[int],
+                           metas: list[dict]) -> list[Records]:
+        """Admit the prompt as one import for its ``params.n`` samples, send the room message
+        of sample 0's room (before sample 0's records), and stream every sample's records."""
         self._check_alive()
-        b = req.bootstrap
+        b = (req.bootstraps or (req.bootstrap,))[0]
         if b is None:
             raise ServeError("a decode worker serves requests from the router only (no "
                              "bootstrap_room in the request)", status=400)
@@ -206,8 +228,8 @@ class DecodeWorker(PDWorker):
         except Exception as e:  # noqa: BLE001 - any failure to pair is the same answer
             self.client.forget(base)
             raise ServeError(f"cannot pair with the prefill at {base}: {e}", status=502) from e
-        box = await self._register(req.rid)
-        r = _Recv(req.rid, b.room, ids, base)
+        r = _Recv(req.rid, b.room, ids, base, n=req.params.n)
+        boxes = await self._register_all(r.rids)
 
         def submit():
             self.engine.add_request(ids, req.params, rid=req.rid, imported=True,
@@ -217,24 +239,26 @@ class DecodeWorker(PDWorker):
         try:
             await self.thread.call(submit)
         except BaseException as e:
-            super()._forget(req.rid, abort=False)
+            for rid in r.rids:
+                super()._forget(rid, abort=False)
             # the prefill waits for this room: tell it now rather than let it time out
             await self.client.cancel_room(base, b.room, f"decode refused the request: {e}")
             raise
         asyncio.get_running_loop().create_task(self._watch(r))
 
         async def admitted():  # before the records: the engine admits it, the room goes out
-            lease = await box.get()
+            lease = await boxes[0].get()
             if isinstance(lease, BaseException):
                 raise lease
             await self._send_room(r, lease)
 
-        return self._records(req.rid, box, meta, admitted)
+        return [self._records(rid, box, meta, admitted if i == 0 else None)
+                for i, (rid, box, meta) in enumerate(zip(r.rids, boxes, metas, strict=True))]
 
     async def _send_room(self, r: _Recv, lease: CacheTarget) -> None:
         msg = RoomMessage(r.room, self.agent.name, len(r.ids), prompt_hash(r.ids),
                           lease.prefix_len, tuple(lease.transfer_pages), lease.state_slot,
-                          lease.state_slot)
+                          (lease.state_slot, *lease.sample_slots))
         r.expected_bytes = self._expected_bytes(msg)
         self.timeline.add(r.rid, "room_sent", room=r.room, decode_prefix_len=lease.prefix_len,
                           pages=len(msg.dst_pages), expected_bytes=r.expected_bytes)

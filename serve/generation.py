@@ -1,11 +1,12 @@
 """One body's sub-requests on a worker: open them all, fold their records, merge their streams.
 
-A ``GenBatch`` holds one ``GenRequest`` per prompt, each with ``params.n`` samples. On a mixed
-worker a prompt is ONE engine request (``params.n`` samples forked after one prefill: their
-records come under ``sample_rid(rid, i)``). On a PD worker each sample is its own sub-request
-with its own bootstrap room (SGLang's workers expand the same way, so prefill and decode agree
-on which room is which sample); sample i keeps the seed the fork would give it
-(``sample_seed``), so a seeded request samples the same in both modes.
+A ``GenBatch`` holds one ``GenRequest`` per prompt, each with ``params.n`` samples. A prompt is
+ONE engine request whenever the worker can (``worker.one_prefill``): ``params.n`` samples forked
+after one prefill, their records under ``sample_rid(rid, i)``; in PD the prefill computes and
+sends the prompt once, in the room of sample 0, and decode forks the samples from the one import
+(pd.py). Otherwise (a grammar, or speculation in PD) each sample is its own sub-request, with
+its own bootstrap room (room + i, as SGLang's workers expand them) and the seed the fork would
+give it (``sample_seed``), so a seeded request samples the same either way.
 
 Every sub-request is validated by the engine before any answer starts (an ``InvalidRequest``
 closes the ones already opened). ``Sub.results()`` folds records into its ``Result``;
@@ -71,17 +72,16 @@ def per_sample(req: GenRequest) -> list[GenRequest]:
     return out
 
 
-async def open_batch(worker, batch: GenBatch, encode: Callable[[str], list[int]],
-                     open_samples) -> list[Sub]:
+async def open_batch(worker, batch: GenBatch, encode: Callable[[str], list[int]]) -> list[Sub]:
     """Open every sub-request of ``batch`` (choice index = prompt x n + sample)."""
     subs: list[Sub] = []
     n = batch.n
     try:
         for p_i, req in enumerate(batch.requests):
             ids = list(req.input_ids) if req.input_ids is not None else encode(req.text)
-            if n > 1 and req.grammar is None and worker.card.role == "mixed":
+            if n > 1 and worker.one_prefill(req):
                 metas = [{} for _ in range(n)]
-                recs = await open_samples(worker, req, ids, metas)
+                recs = await worker.open_samples(req, ids, metas)
                 pairs = list(zip(range(n), recs, metas, strict=True))
             else:
                 pairs = []
@@ -133,22 +133,3 @@ async def merge(streams: list[AsyncIterator[Result]]) -> AsyncIterator[Result]:
             t.cancel()
         for s in streams:
             await s.aclose()
-
-
-async def open_samples(worker, req: GenRequest, ids: list[int], metas: list[dict]) -> list:
-    """A mixed worker's records of the ``params.n`` samples of ONE engine request (one
-    prefill, forked: ``glmlab.engine.parallel``), registered before the request is queued."""
-    worker._check_alive()
-    rids = [sample_rid(req.rid, i) for i in range(req.params.n)]
-    boxes = []
-    try:
-        for rid in rids:
-            boxes.append(await worker._register(rid))
-        await worker.thread.call(lambda: worker.engine.add_request(ids, req.params,
-                                                                   rid=req.rid))
-    except BaseException:
-        for rid in rids[:len(boxes)]:
-            worker._forget(rid, abort=False)
-        raise
-    return [worker._records(rid, box, meta) for rid, box, meta in zip(rids, boxes, metas,
-                                                                      strict=True)]

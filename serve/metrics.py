@@ -7,7 +7,10 @@ occupancy, cache hit rate, speculative accept length) are read from the backend'
 scrape time rather than pushed, so they can never drift from the engine's own accounting.
 Counters follow the answer's ``usage``: a prompt with ``n`` samples counts its prompt tokens (and
 its prefix-cache hits, ``sglang:cached_tokens_total``) once, its output tokens for every sample;
-``sglang:num_requests_total`` counts every sample. This module knows
+``sglang:num_requests_total`` counts every sample. What the engine actually ran is read from its
+own counts at scrape time: ``sglang:realtime_tokens_total`` by ``mode`` (``prefill_compute``: prompt
+positions computed, a prompt of n samples once; ``prefill_cache``; ``decode``) and glmlab's
+``sglang:kv_pages_allocated_total``. This module knows
 one worker; ``observe.py`` adds the workers of a service together.
 """
 
@@ -16,11 +19,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # stats() keys that are counters of their own, already exported under the pushed counters' names
 _NOT_GAUGES = frozenset({"cached_tokens_total"})
+# stats() keys that are the engine's own running counts -> (counter family, its labels)
+_COUNTERS = {
+    "prefill_compute_tokens": ("sglang:realtime_tokens", {"mode": "prefill_compute"}),
+    "prefill_cache_tokens": ("sglang:realtime_tokens", {"mode": "prefill_cache"}),
+    "decode_tokens": ("sglang:realtime_tokens", {"mode": "decode"}),
+    "pages_allocated": ("sglang:kv_pages_allocated", {}),
+}
+_COUNTER_DOCS = {
+    "sglang:realtime_tokens": "tokens the engine ran, by mode: prompt positions computed in "
+                              "prefill chunks, prompt tokens served from the prefix cache, "
+                              "tokens sampled by decode steps",
+    "sglang:kv_pages_allocated": "KV pages handed out by the pool (shared pages once)",
+}
 
 
 class _StatsCollector:
@@ -28,10 +44,18 @@ class _StatsCollector:
         self._stats = stats
 
     def collect(self):
+        counters: dict[str, CounterMetricFamily] = {}
         for name, value in self._stats().items():
-            if name not in _NOT_GAUGES:
+            if name in _COUNTERS:
+                family, labels = _COUNTERS[name]
+                if family not in counters:
+                    counters[family] = CounterMetricFamily(family, _COUNTER_DOCS[family],
+                                                           labels=sorted(labels))
+                counters[family].add_metric([labels[k] for k in sorted(labels)], float(value))
+            elif name not in _NOT_GAUGES:
                 yield GaugeMetricFamily(f"sglang:{name}", name.replace("_", " "),
                                         value=float(value))
+        yield from counters.values()
 
 
 class ServeMetrics:

@@ -9,6 +9,14 @@ prefill wait for the room message -> prefill the prompt (the engine keeps the re
         state after it finishes) -> one NIXL WRITE of the missing pages, the state rows and the aux
         row, notifying ``glmlab:{room}:ok:{bytes}`` -> free the pages -> answer the router.
 
+A prompt with ``n`` samples (no grammar, no speculation) is one request on both sides, in the
+room of sample 0: decode reserves the pages once and a state slot per sample, its message names
+an aux row per sample; prefill computes the prompt once, every sample draws its first token from
+the last row (with its own seed), and the one WRITE carries the pages and state once and each
+sample's first token (with its logprob and top alternatives) in its row; decode forks the
+samples from the landed import (whole pages shared, state copied). /metrics shows it:
+``sglang:realtime_tokens_total{mode="prefill_compute"}`` grows by the prompt once.
+
 Speculation: both roles run the same drafter; prefill's learns the prompt as a mixed engine's does
 and its hand-off rows (``glmlab.speculative.handoff``) travel with the cache rows, so decode
 verifies from its first step (``complete_import(..., draft_state=True)``).
@@ -64,6 +72,11 @@ class PDWorker(Worker):
         self.agent, self.page_size = self.shard.agent, self.shard.page_size
         self.tp = wc.spec.tp
         super().__init__(wc, engine, followers)
+
+    def one_prefill(self, req) -> bool:
+        """A prompt's n samples are one prefill and one import unless speculation is on (its
+        drafter state is per request, so each sample is then its own room)."""
+        return super().one_prefill(req) and self.engine.spec is None
 
     def peer_info(self) -> PeerInfo:
         ranks = self.followers.infos if self.followers is not None else ()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from glmlab.core import FinishReason, RequestOutput
+from glmlab.core import FinishReason, RequestOutput, sample_rid
 from glmlab.engine.engine import Engine
 from glmlab.serve.config import Role, WorkerConfig, engine_config
 from glmlab.serve.engine_thread import EngineThread, Outbox
@@ -196,19 +196,46 @@ class Worker:
         finally:
             self._forget(rid, abort=not done)
 
+    def one_prefill(self, req: GenRequest) -> bool:
+        """Whether the ``params.n`` samples of ``req`` are ONE engine request here (one prefill,
+        the samples forked: ``open_samples``) rather than n requests of one sample each. A
+        grammar matcher follows one sample only."""
+        return req.grammar is None
+
     async def open(self, req: GenRequest, ids: list[int], meta: dict) -> Records:
-        """Queue ``req``; raises the engine's ``InvalidRequest`` (or a ServeError) at once, else
-        returns the stream of its records. ``meta`` receives extra meta_info (PD transfers)."""
+        """Queue ``req`` (one sample); raises the engine's ``InvalidRequest`` (or a ServeError)
+        at once, else returns the stream of its records. ``meta`` receives extra meta_info (PD
+        transfers)."""
+        return (await self.open_samples(req, ids, [meta]))[0]
+
+    async def open_samples(self, req: GenRequest, ids: list[int],
+                           metas: list[dict]) -> list[Records]:
+        """The records of the ``params.n`` samples of ONE engine request (one prefill, forked:
+        ``glmlab.engine.parallel``), registered before the request is queued."""
         self._check_alive()
-        box = await self._register(req.rid)
-        self.timeline.add(req.rid, "admitted", prompt_len=len(ids))
+        rids = [sample_rid(req.rid, i) for i in range(req.params.n)]
+        boxes = await self._register_all(rids)
+        self.timeline.add(req.rid, "admitted", prompt_len=len(ids), samples=len(rids))
         try:
             await self.thread.call(lambda: self.engine.add_request(ids, req.params, rid=req.rid,
                                                                    grammar=req.matcher()))
         except BaseException:
-            self._forget(req.rid, abort=False)
+            for rid in rids:
+                self._forget(rid, abort=False)
             raise
-        return self._records(req.rid, box, meta)
+        return [self._records(rid, box, meta) for rid, box, meta in zip(rids, boxes, metas,
+                                                                        strict=True)]
+
+    async def _register_all(self, rids: list[str]) -> list[Outbox]:
+        boxes: list[Outbox] = []
+        try:
+            for rid in rids:
+                boxes.append(await self._register(rid))
+        except BaseException:
+            for rid in rids[:len(boxes)]:
+                self._forget(rid, abort=False)
+            raise
+        return boxes
 
     def _check_alive(self) -> None:
         if self.thread.failure:
@@ -235,7 +262,10 @@ class Worker:
                 "pages_tree": s.pages_tree, "pages_evictable": s.pages_evictable,
                 "state_slots_used": s.state_slots_used, "state_slots_total": s.state_slots_total,
                 "state_checkpoints": s.state_checkpoints, "cache_hit_rate": s.hit_rate,
-                "cached_tokens_total": s.cached_tokens}
+                "cached_tokens_total": s.cached_tokens,
+                "prefill_compute_tokens": s.prefill_compute_tokens,
+                "prefill_cache_tokens": s.cached_tokens, "decode_tokens": s.decode_tokens,
+                "pages_allocated": s.pages_allocated}
 
     def _leak_check(self) -> str:
         """"ok" when nothing holds a lease and every pool is free or evictable cache, on

@@ -32,6 +32,7 @@ from glmlab.bench.workloads import random_requests, shared_prefix_requests
 from glmlab.cache.hybrid import CacheStats
 from glmlab.cache.storage import CacheDtypes
 from glmlab.checkpoint.loader import load_model
+from glmlab.checkpoint.presets_dir import preset_tag
 from glmlab.checkpoint.writer import write_random_checkpoint
 from glmlab.cliargs import add_dataclass_args, dataclass_from_args
 from glmlab.core import SamplingParams
@@ -51,7 +52,7 @@ _ENGINE_EXCLUDE = ("device", "dtype", "seed", "speculative")
 def checkpoint(args) -> Path:
     if args.model:
         return Path(args.model)
-    tag = args.preset.replace(":", "-") + "-seed0" + ("-fp8" if args.fp8 else "")
+    tag = preset_tag(args.preset, 0, args.fp8)
     out = cache_dir() / "checkpoints" / tag
     if not (out / "config.json").is_file():
         print(f"writing {args.preset} checkpoint to {out} on {args.device}", file=sys.stderr)

@@ -31,6 +31,7 @@ OPS["dsa"] = "glmlab.bench.ops_dsa:run"
 OPS["decode"] = "glmlab.bench.ops_decode:run"
 OPS["comm"] = "glmlab.bench.ops_comm:run"
 OPS["reference_point"] = "glmlab.bench.reference_point:run"
+OPS["api"] = "glmlab.bench.api:run"
 
 
 def register(name: str, target: str) -> None:

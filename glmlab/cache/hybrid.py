@@ -72,9 +72,11 @@ class HybridCache:
 
     # ------------------------------------------------------------------ leases
     def acquire(self, tokens: Sequence[int], reserve_len: int, brings_state: bool,
-                ) -> SeqCache | None:
-        """Admit a request whose known tokens are ``tokens``; None if the pools cannot hold it."""
-        slot = self._alloc(self.slots, 1, self._evict_checkpoints)
+                samples: int = 1) -> SeqCache | None:
+        """Admit a request whose known tokens are ``tokens``; None if the pools cannot hold it.
+        ``samples`` > 1 (an imported prompt with n samples): one state slot per sample, the
+        pages once."""
+        slot = self._alloc(self.slots, samples, self._evict_checkpoints)
         if slot is None:
             return None
         match = self._match(tokens, brings_state)
@@ -92,7 +94,7 @@ class HybridCache:
         self.stats.requests += 1
         self.stats.prompt_tokens += len(tokens)
         self.stats.cached_tokens += match.length
-        return SeqCache(slot[0], list(match.pages) + new, match.length)
+        return SeqCache(slot[0], list(match.pages) + new, match.length, slot[1:])
 
     def _match(self, tokens: Sequence[int], brings_state: bool) -> Match:
         if self.tree is None or (not brings_state and self.mode is RadixMode.KV_ONLY):
@@ -148,8 +150,9 @@ class HybridCache:
                       and self.tree.add_checkpoint(tokens[:full], seq.slot))
         if not keep_state:
             self.slots.decref([seq.slot])
+        self.slots.decref(seq.sample_slots)  # samples that never forked from it
         self.pages.decref(seq.pages)
-        seq.pages = []
+        seq.pages, seq.sample_slots = [], []
 
     # ------------------------------------------------------------------ allocation
     @staticmethod

@@ -26,6 +26,7 @@ class RefPool:
         self.name, self.size, self.reserved = name, size, reserved
         self._free = list(range(size - 1, reserved - 1, -1))  # pop() hands out low ids first
         self._refs = [0] * size
+        self.num_allocated = 0  # ids handed out since start (a counter: shares are not counted)
 
     @property
     def capacity(self) -> int:
@@ -43,6 +44,7 @@ class RefPool:
         if n > len(self._free):
             raise PoolExhausted(f"{self.name}: asked for {n}, {len(self._free)} free")
         out = [self._free.pop() for _ in range(n)]
+        self.num_allocated += n
         for i in out:
             self._refs[i] = 1
         return out

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import tempfile
 from pathlib import Path
 
 from glmlab import presets
+from glmlab.checkpoint.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS
 from glmlab.checkpoint.writer import write_random_checkpoint
 from glmlab.env import cache_dir
 
+_TOK = hashlib.sha1((CHAT_TEMPLATE + "".join(SPECIAL_TOKENS)).encode()).hexdigest()[:8]
+
 
 def preset_checkpoint(name: str, seed: int = 0, fp8: bool = False) -> Path:
-    """Directory of the random ``name`` checkpoint (``tiny``, ``slice:N``), written on first use."""
-    tag = name.replace(":", "-") + f"-seed{seed}" + ("-fp8" if fp8 else "")
+    """Directory of the random ``name`` checkpoint (``tiny``, ``slice:N``), written on first use.
+    The directory's name carries a digest of the tokenizer files glmlab writes, so a copy
+    cached before they changed (a new chat template) is not served in their place."""
+    tag = preset_tag(name, seed, fp8)
     out = cache_dir() / "checkpoints" / tag
     if (out / "config.json").is_file():
         return out
@@ -28,6 +34,11 @@ def preset_checkpoint(name: str, seed: int = 0, fp8: bool = False) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def preset_tag(name: str, seed: int = 0, fp8: bool = False) -> str:
+    """The cache directory name of a preset's checkpoint (``tiny-seed0-tok<digest>``)."""
+    return name.replace(":", "-") + f"-seed{seed}" + ("-fp8" if fp8 else "") + f"-tok{_TOK}"
 
 
 # ``small`` is trained, not drawn: its checkpoint is committed (glmlab train wrote it).

@@ -30,13 +30,46 @@ SPECIAL_TOKENS = (
 )
 TINY_SPECIALS = {tok: 256 + i for i, tok in enumerate(SPECIAL_TOKENS)}
 
+# GLM-4.5 / 4.7's layout: the tools, when a request has them, are listed in a system turn of their
+# own before the conversation, one JSON object per line inside <tools></tools>, followed by the call
+# format the model answers in (what the glm45 / glm47 tool-call parsers read); an assistant turn
+# replays its calls in that format, and consecutive tool results share one <|observation|> turn.
+TOOLS_PREAMBLE = (
+    "<|system|>\n# Tools\n\nYou may call one or more functions to assist with the user query."
+    "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+TOOLS_FORMAT = (
+    "</tools>\n\nFor each function call, output the function name and arguments within the "
+    "following XML format:\n<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key><arg_value>"
+    "{arg-value-1}</arg_value><arg_key>{arg-key-2}</arg_key><arg_value>{arg-value-2}</arg_value>"
+    "...</tool_call>"
+)
 CHAT_TEMPLATE = (
     "[gMASK]<sop>"
+    "{%- if tools -%}"
+    "{{ '" + TOOLS_PREAMBLE.replace("\n", "\\n") + "' }}"
+    "{%- for tool in tools -%}{{ tool | tojson(ensure_ascii=False) }}{{ '\\n' }}{%- endfor -%}"
+    "{{ '" + TOOLS_FORMAT.replace("\n", "\\n") + "' }}"
+    "{%- endif -%}"
     "{%- for m in messages -%}"
     "{%- if m['role'] == 'system' -%}<|system|>\n{{ m['content'] }}"
     "{%- elif m['role'] == 'user' -%}<|user|>\n{{ m['content'] }}"
-    "{%- elif m['role'] == 'assistant' -%}<|assistant|>\n{{ m['content'] }}"
-    "{%- elif m['role'] in ('tool', 'observation') -%}<|observation|>\n{{ m['content'] }}"
+    "{%- elif m['role'] == 'assistant' -%}<|assistant|>\n{{ m['content'] or '' }}"
+    "{%- for tc in m.get('tool_calls') or [] -%}"
+    "{%- set f = tc['function'] if tc.get('function') else tc -%}"
+    "<tool_call>{{ f['name'] }}"
+    "{%- set args = f.get('arguments') or {} -%}"
+    "{%- if args is mapping -%}{%- for k, v in args.items() -%}"
+    "<arg_key>{{ k }}</arg_key><arg_value>"
+    "{{ v if v is string else v | tojson(ensure_ascii=False) }}</arg_value>"
+    "{%- endfor -%}{%- endif -%}"
+    "</tool_call>"
+    "{%- endfor -%}"
+    "{%- elif m['role'] in ('tool', 'observation') -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] not in ('tool', 'observation') -%}"
+    "<|observation|>"
+    "{%- endif -%}"
+    "{{ '\\n<tool_response>\\n' }}{{ m['content'] }}{{ '\\n</tool_response>' }}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt %}<|assistant|>\n{% endif -%}"

@@ -209,8 +209,9 @@ class LeaderEngine:
         self._call("forget", rid)
 
     def complete_import(self, rid: str, first_token: int, logprob=None,
-                        draft_state: bool = False) -> RequestOutput:
-        return self._call("complete_import", rid, first_token, logprob, draft_state=draft_state)
+                        draft_state: bool = False, samples=()) -> list[RequestOutput]:
+        return self._call("complete_import", rid, first_token, logprob, draft_state=draft_state,
+                          samples=samples)
 
     def release_held(self, rid: str) -> None:
         self._call("release_held", rid)

@@ -27,7 +27,6 @@ import itertools
 import operator
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -50,7 +49,9 @@ from glmlab.engine import parallel
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.detokenizer import Decoder, Detokenizer
 from glmlab.engine.model_runner import ModelRunner, load_model_for
+from glmlab.engine.requests import check_request
 from glmlab.engine.scheduler import Scheduler
+from glmlab.engine.stats import EngineStats, TokenCounts
 from glmlab.model.glm import GLM5Model
 from glmlab.sampling import logprobs_of
 from glmlab.speculative.engine_phase import SpecPhase
@@ -58,26 +59,6 @@ from glmlab.tokenizer import Tokenizer
 from glmlab.trace.tracer import NULL_TRACER, Tracer
 
 Prepare = Callable[[GLM5Model, EngineConfig], tuple[GLM5Model, EngineConfig]]
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    running: int
-    waiting: int
-    parked: int  # awaiting an import, or held after prefill for export
-    pages_used: int
-    pages_total: int
-    pages_tree: int  # held by the radix tree (shared, or cached for later)
-    pages_evictable: int
-    state_slots_used: int
-    state_slots_total: int
-    state_checkpoints: int
-    prompt_tokens: int  # admitted so far
-    cached_tokens: int  # of them, served from the radix tree
-    hit_rate: float
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 class Engine:
@@ -98,6 +79,7 @@ class Engine:
         self.eos_token_ids = tuple(eos_token_ids or getattr(tokenizer, "eos_token_ids", ())
                                    or model.cfg.eos_token_ids)
         self._ids = itertools.count()
+        self.counts = TokenCounts()
         self._requests: dict[str, Req] = {}
         self._detok: dict[str, Detokenizer] = {}
 
@@ -129,7 +111,8 @@ class Engine:
         updates = self.scheduler.update(batch, [s.tokens for s in sampled])
         for c, s in children:  # siblings of a parallel-sampled prompt, forked this step
             logprobs[c.rid] = s.logprobs
-            updates.append((c, self.scheduler.adopt(c, s.tokens[0])))
+            updates.append((c, self.scheduler.start(c, s.tokens[0])))
+        self.counts.add(batch, sampled)
         outputs = [self._output(req, new, logprobs.get(req.rid)) for req, new in updates]
         self.tracer.on_step(batch, self.cache.usage, start, time.perf_counter_ns())
         return outputs
@@ -237,9 +220,9 @@ class Engine:
         if grammar is not None and params.n > 1:
             raise InvalidRequest("n", "a grammar-constrained request has one sample (n = 1): "
                                  "give each sample its own matcher")
-        # speculation keeps per-request drafter state that a fork cannot copy, and an imported
-        # prompt arrives per sample: then n requests from the start (the radix tree may share)
-        siblings = (parallel.siblings(req) if params.n > 1 and (self.spec or imported) else [])
+        # speculation keeps per-request drafter state that a fork cannot copy: then n requests
+        # from the start (the radix tree may share). Otherwise one prefill, or one import
+        siblings = parallel.siblings(req) if params.n > 1 and self.spec else []
         for c in siblings:
             if c.rid in self._requests and self._requests[c.rid].status is not Status.FINISHED:
                 raise InvalidRequest("rid", f"request id {c.rid!r} is already in use")
@@ -253,36 +236,7 @@ class Engine:
         rid = rid if rid is not None else f"r{n}"
         if rid in self._requests and self._requests[rid].status is not Status.FINISHED:
             raise InvalidRequest("rid", f"request id {rid!r} is already in use")
-        if not ids:
-            raise InvalidRequest("prompt", "the prompt is empty")
-        vocab = self.model.cfg.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequest("prompt", f"token ids must be in [0, {vocab}): {bad[:5]}")
-        if len(ids) >= self.context_len:
-            raise InvalidRequest("prompt", f"the prompt has {len(ids)} tokens; the context holds "
-                                 f"{self.context_len} (prompt plus at least one output token)")
-        if params.stop and self.tokenizer is None:
-            raise InvalidRequest("stop", "stop strings need a tokenizer (this engine has none)")
-        max_len = len(ids) + params.max_new_tokens
-        if max_len > self.context_len:  # rejected, not clamped (as SGLang)
-            raise InvalidRequest("max_new_tokens", f"the prompt ({len(ids)} tokens) plus "
-                                 f"max_new_tokens ({params.max_new_tokens}) exceeds the context "
-                                 f"length ({self.context_len})")
-        if self.cache.pages_for(max_len) > self.cache.pages.capacity:
-            raise InvalidRequest("max_new_tokens", f"a request of {max_len} tokens needs more KV "
-                                 f"pages than the pool holds ({self.cache.pages.capacity})")
-        for name, tokens in (("stop_token_ids", params.stop_token_ids),
-                             ("logit_bias", [t for t, _ in params.logit_bias])):
-            if any(not 0 <= t < vocab for t in tokens):
-                raise InvalidRequest(name, f"token ids must be in [0, {vocab}): "
-                                     f"{[t for t in tokens if not 0 <= t < vocab][:5]}")
-        if params.prompt_logprobs_from is not None and self.spec is not None:
-            raise InvalidRequest("prompt_logprobs_from", "prompt logprobs (echo, "
-                                 "logprob_start_len) need speculative decoding off")
-        if params.prompt_logprobs_from is not None and params.prompt_logprobs_from >= len(ids):
-            raise InvalidRequest("prompt_logprobs_from", f"logprobs from position "
-                                 f"{params.prompt_logprobs_from} of a {len(ids)}-token prompt")
+        max_len = check_request(self, ids, params)
         stop = set(params.stop_token_ids)
         if not params.ignore_eos:
             stop |= set(self.eos_token_ids)
@@ -318,7 +272,9 @@ class Engine:
             pages_tree=u.pages_tree, pages_evictable=u.pages_evictable,
             state_slots_used=u.slots_total - u.slots_free, state_slots_total=u.slots_total,
             state_checkpoints=u.checkpoints, prompt_tokens=c.prompt_tokens,
-            cached_tokens=c.cached_tokens, hit_rate=c.hit_rate)
+            cached_tokens=c.cached_tokens, hit_rate=c.hit_rate,
+            prefill_compute_tokens=self.counts.prefill_compute, decode_tokens=self.counts.decode,
+            pages_allocated=self.cache.pages.num_allocated)
 
     def describe(self) -> dict:
         """The config as served: every knob, the model dtype, the bound backends, the pools."""
@@ -372,20 +328,34 @@ class Engine:
 
     def complete_import(self, rid: str, first_token: int,
                         logprob: TokenLogprob | float | None = None,
-                        draft_state: bool = False) -> RequestOutput:
+                        draft_state: bool = False,
+                        samples: Sequence[tuple[int, TokenLogprob | float | None]] = (),
+                        ) -> list[RequestOutput]:
         """The imported content of ``rid`` is in the cache; it decodes from ``first_token``
-        (sampled by the prefill instance, with its ``logprob`` if the request asked).
-        ``draft_state``: the drafter's rows for the prompt were imported too
-        (``spec.handoff.regions()``), so it speculates from its first decode step."""
-        req = self.scheduler.complete_import(rid, first_token)
-        if draft_state and self.spec is not None and req.status is Status.RUNNING:
-            self.spec.adopt(req)
-        lps = None
-        if logprob is not None:
-            lp = logprob if isinstance(logprob, TokenLogprob) else TokenLogprob(first_token,
-                                                                                float(logprob))
-            lps = (lp,)
-        return self._output(req, (first_token,), lps)
+        (sampled by the prefill instance, with its ``logprob`` and alternatives if the request
+        asked). ``samples``: an import of ``n`` samples (one prompt, one transfer) gives the
+        first tokens of samples 1..n-1; they fork from its lease here. ``draft_state``: the
+        drafter's rows for the prompt were imported too (``spec.handoff.regions()``), so it
+        speculates from its first decode step. One output per sample."""
+        req = self.scheduler.parked.get(rid)
+        want = len(req.cache.sample_slots) if req is not None and req.cache else 0
+        if req is not None and len(samples) != want:
+            raise ValueError(f"request {rid!r} lands {want + 1} samples, given "
+                             f"{len(samples) + 1} first tokens")
+        req = self.scheduler.land_import(rid)
+        forks = parallel.fork_imported(self.cache, req) if samples else []
+        outs = []
+        for r, (token, lp) in zip([req, *forks], [(first_token, logprob), *samples],
+                                  strict=True):
+            if r is not req:
+                self._adopt_record(r)
+            new = self.scheduler.start(r, token)
+            if draft_state and self.spec is not None and r.status is Status.RUNNING:
+                self.spec.adopt(r)
+            if lp is not None and not isinstance(lp, TokenLogprob):
+                lp = TokenLogprob(token, float(lp))
+            outs.append(self._output(r, new, None if lp is None else (lp,)))
+        return outs
 
     def export_target(self, rid: str) -> CacheTarget:
         req = self.scheduler.parked.get(rid)
@@ -399,4 +369,5 @@ class Engine:
     def _target(self, req: Req) -> CacheTarget:
         pages = self.cache.pages_for(req.num_prompt)
         return CacheTarget(req.rid, req.num_prompt, req.cache.prefix_len,
-                           tuple(req.cache.pages[:pages]), req.cache.slot, self.cfg.page_size)
+                           tuple(req.cache.pages[:pages]), req.cache.slot, self.cfg.page_size,
+                           tuple(req.cache.sample_slots))

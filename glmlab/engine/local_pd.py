@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from glmlab.core import SamplingParams, Status
+from glmlab.core import SamplingParams, Status, sample_rid
 from glmlab.engine.config import EngineConfig, RadixMode
 from glmlab.engine.engine import Engine
 from glmlab.model.glm import GLM5Model
@@ -35,10 +35,11 @@ class LocalPD:
     def submit(self, prompts: list[list[int]], params: SamplingParams) -> list[Handoff]:
         """Prefill ``prompts`` together, move their caches, and leave them decoding in the decode
         engine. Requests imported together share only what the decode engine had cached before
-        (a prompt's pages join its tree when its import completes)."""
+        (a prompt's pages join its tree when its import completes). ``params.n`` samples of a
+        prompt: one prefill, one move, the samples forked on decode (``sample_rid``)."""
         held = [self.prefill.add_request(p, params, hold_after_prefill=True) for p in prompts]
-        first: dict[str, int] = {}
-        while len(first) < len(held):
+        first: dict[str, int] = {}  # every sample's first token (params.n per prompt)
+        while len(first) < len(held) * params.n:
             first.update({o.rid: o.new_token_ids[0] for o in self.prefill.step()})
         for rp in held:
             if self.prefill.request(rp).status is not Status.HELD:
@@ -53,7 +54,8 @@ class LocalPD:
                 self.prefill.cache.storage, list(src.pages[len(src.pages) - n:]),
                 list(dst.transfer_pages), src.state_slot, dst.state_slot)
             self.prefill.release_held(rp)
-            self.decode.complete_import(rd, first[rp])
+            samples = [(first[sample_rid(rp, i)], None) for i in range(1, params.n)]
+            self.decode.complete_import(rd, first[rp], samples=samples)
             out.append(Handoff(rd, first[rp], dst.prefix_len, moved))
         return out
 

@@ -10,6 +10,12 @@ sample their first token from the parent's logits row with their own seeds and d
 independent requests from then on. When the pools cannot hold a sibling it is queued instead and
 computes its prompt itself (the radix tree may still serve it).
 
+Disaggregated, the prompt is still computed once and its pages allocated once per instance: the
+prefill role's siblings draw their first token from the parent's row and end (no lease: the
+parent's held cache is exported once); the decode role admits ONE import with a state slot per
+sample (``HybridCache.acquire(samples=n)``) and, when the content lands, ``fork_imported`` gives
+samples 1..n-1 leases sharing its whole pages, with the state copied into their slots.
+
 Prompt logprobs: ``logit_rows`` widens a step's logits to every row of the prefill chunks whose
 request asked (``prompt_logprobs_from``), and ``split_rows`` says which rows sample and which
 score prompt tokens. The row at position p predicts token p + 1.
@@ -40,27 +46,31 @@ def copy_page(cache: HybridCache, src: int, dst: int) -> None:
             tensor[dst * p:(dst + 1) * p] = tensor[src * p:(src + 1) * p]
 
 
-def fork_lease(cache: HybridCache, seq: SeqCache, num_tokens: int,
-               reserve_len: int) -> SeqCache | None:
+def fork_lease(cache: HybridCache, seq: SeqCache, num_tokens: int, reserve_len: int,
+               slot: int | None = None) -> SeqCache | None:
     """A lease with the content of ``seq``'s first ``num_tokens`` positions: whole pages shared,
-    the partial page and the state slot copied, pages up to ``reserve_len`` allocated; None
-    (nothing taken) when the pools are short."""
+    the partial page and the state slot copied (into ``slot`` when the caller reserved one),
+    pages up to ``reserve_len`` allocated; None (nothing taken) when the pools are short."""
     whole, partial = divmod(num_tokens, cache.page_size)
-    slot = cache._alloc(cache.slots, 1, cache._evict_checkpoints)
-    if slot is None:
+    slots = [slot] if slot is not None else cache._alloc(cache.slots, 1,
+                                                         cache._evict_checkpoints)
+    if slots is None:
         return None
     shared = list(seq.pages[:whole])
     cache.pages.incref(shared)  # ours now: eviction below cannot take them
     new = cache._alloc(cache.pages, cache.pages_for(reserve_len) - whole, cache._evict)
     if new is None:
         cache.pages.decref(shared)
-        cache.slots.decref(slot)
+        if slot is None:
+            cache.slots.decref(slots)
         return None
+    slot = slots[0]
     dev = cache.storage.device
-    cache.storage.copy_state(torch.tensor([seq.slot], device=dev), torch.tensor(slot, device=dev))
+    cache.storage.copy_state(torch.tensor([seq.slot], device=dev),
+                             torch.tensor([slot], device=dev))
     if partial:
         copy_page(cache, seq.pages[whole], new[0])
-    return SeqCache(slot[0], shared + new, seq.prefix_len)
+    return SeqCache(slot, shared + new, seq.prefix_len)
 
 
 def wants_prompt_logprobs(e: Entry) -> bool:
@@ -113,15 +123,19 @@ def req_from(req: Req) -> int:
 def fork_siblings(cache: HybridCache, reqs: Sequence[Req]
                   ) -> tuple[list[tuple[Req, Req]], list[Req]]:
     """For each request done prefilling with ``n > 1`` and not forked yet: (parent, sibling)
-    pairs with forked leases, and the siblings the pools could not hold (to be queued)."""
+    pairs with forked leases, and the siblings the pools could not hold (to be queued). A
+    prefill-role parent's siblings get no lease: they only draw their first token from its row
+    and end there (the parent's held cache is exported once for all of them)."""
     forked, queued = [], []
     for parent in reqs:
         if parent.params.n == 1 or parent.forked or parent.output_ids:
             continue
         parent.forked = True
-        reserve = parent.num_prompt + 1 if parent.hold_after_prefill else parent.max_len
         for i in range(1, parent.params.n):
-            lease = fork_lease(cache, parent.cache, parent.num_prompt, reserve)
+            if parent.hold_after_prefill:
+                forked.append((parent, child(parent, i, sample_seed(parent.seed, i), None)))
+                continue
+            lease = fork_lease(cache, parent.cache, parent.num_prompt, parent.max_len)
             c = child(parent, i, sample_seed(parent.seed, i), lease)
             if lease is None:
                 c.prompt_logprobs = []
@@ -129,6 +143,22 @@ def fork_siblings(cache: HybridCache, reqs: Sequence[Req]
             else:
                 forked.append((parent, c))
     return forked, queued
+
+
+def fork_imported(cache: HybridCache, parent: Req) -> list[Req]:
+    """Samples 1..n-1 of an imported prompt whose content just landed in ``parent``'s lease:
+    forked into the state slots reserved at admission, sharing the prompt's whole pages; a
+    sample whose pages the pool cannot give has no lease (its reserved slot given back) and
+    recomputes its prompt here."""
+    parent.forked = True
+    out = []
+    for i, slot in enumerate(parent.cache.sample_slots, start=1):
+        lease = fork_lease(cache, parent.cache, parent.num_prompt, parent.max_len, slot=slot)
+        if lease is None:
+            cache.slots.decref([slot])
+        out.append(child(parent, i, sample_seed(parent.seed, i), lease))
+    parent.cache.sample_slots = []
+    return out
 
 
 def siblings(req: Req) -> list[Req]:

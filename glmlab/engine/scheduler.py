@@ -22,7 +22,8 @@ With speculative decoding (``verify_width``), a decoding request the drafter is 
 of emitted tokens, of which the scheduler keeps those up to a finish.
 
 Requests that bring their own cache content (``imported``: a PD decode instance) are admitted into
-``AWAITING_IMPORT`` and join the running set when ``complete_import`` says the content is there;
+``AWAITING_IMPORT`` and join the running set when the content is there (``land_import``, then
+``start`` with the first token; an import of n samples reserves a state slot per sample);
 ``hold_after_prefill`` requests (a PD prefill instance) park in ``HELD`` after their first token
 until ``release_held``. The scheduler knows nothing about tensors or the model.
 """
@@ -143,7 +144,11 @@ class Scheduler:
         tokens = req.token_ids
         if req.params.prompt_logprobs_from is not None and not req.output_ids:
             tokens = tokens[:max(1, req.params.prompt_logprobs_from)]  # computed from there
-        seq = self.cache.acquire(tokens, reserve, brings_state=req.imported)
+        # an imported prompt with n samples (not split into n imports) lands once for all of
+        # them: a state slot each now; like a mixed engine's fork, the samples then run beyond
+        # max_running (the pools, not the count, bound them)
+        samples = req.params.n if req.imported and not req.forked else 1
+        seq = self.cache.acquire(tokens, reserve, brings_state=req.imported, samples=samples)
         if seq is None:
             return False
         req.cache, req.computed_len = seq, seq.prefix_len
@@ -206,7 +211,7 @@ class Scheduler:
             (token,) = emitted
             req.token_ids.append(token)
             # a prefill-role request is held whatever its first token: the decode instance
-            # applies the finish rules to it (``complete_import``)
+            # applies the finish rules to it (``start``)
             reason = (FinishReason.PREFILLED if req.hold_after_prefill
                       else self._finish_reason(req))
             outs.append((req, (token,)))
@@ -273,32 +278,36 @@ class Scheduler:
         self._finish(req, FinishReason.ABORT)
         return req
 
-    def complete_import(self, rid: str, first_token: int) -> Req:
-        """The imported content of ``rid`` is in the cache; it decodes from ``first_token``."""
+    def land_import(self, rid: str) -> Req:
+        """The imported content of ``rid`` is in the cache: its prompt counts as computed and its
+        whole pages join the tree. ``start`` it next (after forking its samples, if any)."""
         req = self.parked.get(rid)
         if req is None or req.status is not Status.AWAITING_IMPORT:
             raise ValueError(f"no request {rid!r} is waiting for an import")
         del self.parked[rid]
         req.computed_len = req.num_prompt
-        req.token_ids.append(first_token)
         s = self.page_size
         self.cache.commit(req.cache, req.token_ids, req.num_prompt // s * s, checkpoint=False)
-        reason = self._finish_reason(req)
-        if reason is not None:
-            self._finish(req, reason)
-        else:
-            req.status = Status.RUNNING
-            self.running.append(req)
         return req
 
-    def adopt(self, req: Req, first_token: int) -> tuple[int, ...]:
-        """A parallel sample forked from its parent's lease (``glmlab.engine.parallel``): it
-        has its prompt computed and continues from ``first_token``."""
+    def start(self, req: Req, first_token: int) -> tuple[int, ...]:
+        """``req`` has its prompt computed (imported, or forked from a sibling's lease:
+        ``glmlab.engine.parallel``) and continues from ``first_token``. One without a lease
+        queues to recompute prompt and first token, or, a prefill-role sample, ends at once."""
         req.token_ids.append(first_token)
-        req.status = Status.RUNNING
-        self.running.append(req)
-        self.tracer.emit(RequestEvent.now("admit", req.rid, self.num_steps, req.cached_tokens))
         reason = FinishReason.PREFILLED if req.hold_after_prefill else self._finish_reason(req)
+        if req.cache is None:
+            if reason is None:
+                req.status = Status.WAITING
+                self.add(req)
+            else:  # a prefill-role sample holds nothing to export
+                self._finish(req, reason)
+            return (first_token,)
+        self.running.append(req)
+        req.status = Status.RUNNING
+        if req.sample_index:  # a forked sample is admitted now (its parent was earlier)
+            self.tracer.emit(RequestEvent.now("admit", req.rid, self.num_steps,
+                                              req.cached_tokens))
         if reason is FinishReason.PREFILLED:
             self._park_held(req)
         elif reason is not None:

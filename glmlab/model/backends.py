@@ -28,6 +28,11 @@ Op signatures (shape letters as in kernels/README.md):
       on uniform steps (decode, verify), the torch path otherwise)
   dsa_index(layer, h, q_lat, plan, cache) -> [T, W]   token slots each query attends to, -1 padded
       (torch: per-sequence pool update + selection; triton: the paged indexer on uniform steps)
+  penalties(x, idx, rows, counts, prompt, bias, stops, rep, freq, pres, early) -> None
+      the sampler's logit adjustments, in place on rows ``idx`` of fp32 logits [N, V]
+  token_mask(x, idx, bitmask) -> None    a grammar's allowed tokens ([M, ceil(V/32)] int32 bits)
+      (both glmlab.kernels.sampling: torch references; triton: one pass each) - bound by the
+      ModelRunner's sampler, not the model (``Backends.sampling``)
 """
 
 from __future__ import annotations
@@ -81,6 +86,11 @@ MHC = Registry("mhc")
 ROUTER = Registry("router")
 KDA_STEP = Registry("kda_step")
 DSA_INDEX = Registry("dsa_index")
+PENALTIES = Registry("penalties")
+TOKEN_MASK = Registry("token_mask")
+for _reg, _name in ((PENALTIES, "penalties"), (TOKEN_MASK, "token_mask")):
+    _reg.add("torch", f"glmlab.kernels.sampling.ref:apply_{_name}_ref")
+    _reg.add("triton", f"glmlab.kernels.sampling.penalties_triton:apply_{_name}_triton")
 for _reg, _name in ((LINEAR_FP8, "linear_fp8"), (RMSNORM, "rmsnorm"), (MHC, "mhc"),
                     (ROUTER, "router"), (KDA_STEP, "kda_step"), (DSA_INDEX, "dsa_index")):
     _reg.add("torch", f"glmlab.model.torch_ops:{_name}")
@@ -98,20 +108,21 @@ class Backends:
     router: str = "torch"
     kda_step: str = "torch"
     dsa_index: str = "torch"
+    sampling: str = "torch"  # the sampler's penalties and grammar masks
 
     @classmethod
     def fast(cls) -> Backends:
         """Every op on its GPU kernel: what a decode step without host overhead runs."""
         return cls(kda="fla", sparse_mla="tilelang", moe="triton", linear_fp8="triton",
                    norm="triton", mhc="triton", router="triton", kda_step="triton",
-                   dsa_index="triton")
+                   dsa_index="triton", sampling="triton")
 
     @classmethod
     def triton(cls) -> Backends:
         """Every op that has a Triton kernel on it, the rest on torch: what the CPU interpreter
         can run (tests)."""
         return cls(moe="triton", linear_fp8="triton", norm="triton", mhc="triton",
-                   router="triton", kda_step="triton", dsa_index="triton")
+                   router="triton", kda_step="triton", dsa_index="triton", sampling="triton")
 
     def resolve(self) -> dict[str, Callable]:
         return {
@@ -125,6 +136,8 @@ class Backends:
             "router": ROUTER.get(self.router),
             "kda_step": KDA_STEP.get(self.kda_step),
             "dsa_index": DSA_INDEX.get(self.dsa_index),
+            "penalties": PENALTIES.get(self.sampling),
+            "token_mask": TOKEN_MASK.get(self.sampling),
         }
 
     def describe(self) -> str:

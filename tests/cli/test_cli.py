@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from glmlab.checkpoint.loader import load_model
+from glmlab.checkpoint.presets_dir import preset_tag
 from glmlab.core import SamplingParams
 from glmlab.model.session import Session
 
@@ -78,7 +79,7 @@ def test_preset_name_is_written_once(tmp_path):
         "generate", "--model", "tiny", "--prompt", "x", "--max-new-tokens", "2", "--json", env=env
     )
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "checkpoints" / "tiny-seed0" / "config.json").is_file()
+    assert (tmp_path / "checkpoints" / preset_tag("tiny") / "config.json").is_file()
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.cli import main as glmlab_main
 from glmlab.config import ModelConfig
 from glmlab.serve.config import Role, ServeConfig, TransferConfig
+from glmlab.serve.kvplan import AUX_WIDTH
 from glmlab.serve.limits import HttpLimits
 from glmlab.serve.router import free_ports
 from glmlab.serve.supervisor import Service
@@ -96,7 +97,7 @@ def transfer_bytes(kv_fp8: bool = False, index_fp8: bool = False) -> tuple[int, 
     state = dsa_layers * d.index_kpool * 2 * d.index_head_dim * (2 if index_fp8 else 4)
     state += len(cfg.kda_layers) * (k.conv_channels * (k.conv_kernel - 1)
                                     + k.num_heads * k.head_dim * k.head_dim) * 4
-    return page, state + 4 * 8  # + the aux row (4 float64)
+    return page, state + AUX_WIDTH * 8  # + one aux row (float64: first token, top-20)
 
 
 def sse_events(text: str) -> list:

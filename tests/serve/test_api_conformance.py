@@ -110,10 +110,29 @@ def test_generate_batch_of_ids_with_top_logprobs_through_the_router(svc):
         lps = o["meta_info"]["output_token_logprobs"]
         assert [t for _, t, _ in lps] == o["output_ids"] and len(lps) == 3
         tops = o["meta_info"]["output_top_logprobs"]
-        # PD: the first token's alternatives stay on the prefill (the aux row carries its
-        # logprob only); the decode worker's tokens carry theirs
-        assert all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops[1:])
+        # PD: the first token's alternatives come from the prefill in its aux row
+        assert len(tops) == 3 and all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops)
     status, out = http(f"{svc.url}/generate", {
         "text": "abc", "sampling_params": {"max_new_tokens": 3, "n": 3, "temperature": 1.0,
                                            "ignore_eos": True}})
     assert status == 200 and len(out) == 3, out
+
+
+def test_named_tool_choice_with_the_tools_in_the_prompt_then_the_result(client):
+    plain = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=1,
+                                           temperature=0)
+    out = client.chat.completions.create(
+        model="tiny", messages=MSGS, tools=TOOLS, max_tokens=300, temperature=0.8, seed=3,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    # the tiny tokenizer is byte-level: the tools' system turn adds a token per byte at least
+    assert out.usage.prompt_tokens - plain.usage.prompt_tokens >= len(json.dumps(TOOLS[0]))
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert set(json.loads(call.function.arguments)) == {"city", "unit"}
+    turn = choice.message.model_dump(exclude_none=True)  # arguments as a JSON string
+    follow = client.chat.completions.create(
+        model="tiny", tools=TOOLS, max_tokens=4, temperature=0,
+        messages=MSGS + [turn, {"role": "tool", "tool_call_id": call.id, "content": "sunny"}])
+    assert follow.usage.prompt_tokens > out.usage.prompt_tokens + len("sunny")

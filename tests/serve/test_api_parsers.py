@@ -83,3 +83,48 @@ def test_call_grammar_accepts_the_call_xgrammar_compiles():
     assert not xgr.testing._is_grammar_accept_string(grammar, CALL47.replace("3", "x"))
     with pytest.raises(ValueError, match="no tool"):
         call_grammar(TOOLS, "nope")
+
+
+def _reduce(body: dict):
+    from types import SimpleNamespace
+
+    from glmlab.checkpoint.presets_dir import preset_checkpoint
+    from glmlab.serve.chat import reduce
+    from glmlab.serve.schemas import ChatBody
+    from glmlab.tokenizer import Tokenizer
+
+    card = SimpleNamespace(tokenizer=Tokenizer.from_dir(preset_checkpoint("tiny")))
+    return reduce(ChatBody.model_validate({"model": "tiny", **body}), card)
+
+
+def test_tools_reach_the_prompt_through_the_checkpoints_template():
+    msgs = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    (req,) = _reduce({"messages": msgs, "tools": TOOLS}).requests
+    assert json.dumps(TOOLS[0]) in req.text  # listed in the system turn
+    # the call replayed from its JSON-string arguments, the tool's answer after it
+    assert ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+            "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call><|observation|>\n"
+            "<tool_response>\nsunny\n</tool_response>") in req.text
+    (none,) = _reduce({"messages": msgs[:1], "tools": TOOLS, "tool_choice": "none"}).requests
+    assert "<tools>" not in none.text  # tool_choice none: the model is not shown them
+    (named,) = _reduce({"messages": msgs[:1], "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "get_weather"}}}).requests
+    assert json.dumps(TOOLS[0]) in named.text and named.grammar is not None
+
+
+@pytest.mark.parametrize("arguments", ['{"city": ', '["Paris"]'])
+def test_tool_call_arguments_that_are_no_json_object_are_refused(arguments):
+    from glmlab.serve.errors import RequestError
+
+    msgs = [{"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                                                                "function": {
+                                                                    "name": "get_weather",
+                                                                    "arguments": arguments}}]}]
+    with pytest.raises(RequestError, match="function.arguments") as e:
+        _reduce({"messages": msgs, "tools": TOOLS})
+    assert e.value.param == "messages"

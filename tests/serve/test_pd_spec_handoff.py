@@ -74,17 +74,17 @@ def _pd_run(model, spec: SpecConfig, prompt: list[int]) -> tuple[list[int], list
         decode.step()
     dst, src = decode.import_targets()[0], prefill.export_target(rp)
     msg = RoomMessage(0, "decode", len(prompt), "", dst.prefix_len, tuple(dst.transfer_pages),
-                      dst.state_slot, dst.state_slot)
+                      dst.state_slot, (dst.state_slot,))
     theirs, mine = _regions(prefill), _regions(decode)
     assert {n: (t.shape[1:], u) for n, (t, u) in theirs.items()} == \
         {n: (t.shape[1:], u) for n, (t, u) in mine.items()}  # rows alike, pools sized apart
     kpool = model.cfg.dsa.index_kpool
-    for c in row_copies(theirs, PAGE, kpool, list(src.pages), src.state_slot, 0, msg):
+    for c in row_copies(theirs, PAGE, kpool, list(src.pages), src.state_slot, [0], msg):
         if c.region != AUX:
             mine[c.region][0][c.dst:c.dst + c.count] = theirs[c.region][0][c.src:c.src + c.count]
     prefill.release_held(rp)
     out = [first]
-    out += decode.complete_import(rd, first, draft_state=True).new_token_ids[1:]
+    out += decode.complete_import(rd, first, draft_state=True)[0].new_token_ids[1:]
     while decode.has_work:
         out += [t for o in decode.step() for t in o.new_token_ids]
     return out, ([s.commit_lens for s in decode.spec.stats], drafts), prefill, decode

@@ -25,6 +25,7 @@ from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.cli import build_parser
 from glmlab.commands.serve import build_service
 from glmlab.config import ModelConfig
+from glmlab.serve.kvplan import AUX_WIDTH
 from glmlab.serve.router import free_ports
 from tests.serve.conftest import ENGINE, PAGE, cli_generate, generate, http
 
@@ -62,7 +63,7 @@ def shard_bytes(num_pages: int, tp: int) -> int:
     kda = len(cfg.kda_layers) * (k.conv_channels * (k.conv_kernel - 1)
                                  + k.num_heads * k.head_dim * k.head_dim) * 4  # all heads
     mtp = cfg.hidden_size * 4 + 8
-    return tp * (num_pages * page + tail + mtp) + kda + 4 * 8
+    return tp * (num_pages * page + tail + mtp) + kda + AUX_WIDTH * 8  # aux: float64
 
 
 def test_tp2_pd_with_mtp_equals_one_process_greedy(tp_service):
