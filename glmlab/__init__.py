@@ -1,7 +1,7 @@
 """glmlab: study and serve GLM-5.3-Flash.
 
     from glmlab import LLM, SamplingParams
-    LLM("tiny").generate("Hello", SamplingParams(max_new_tokens=8))
+    LLM().generate("def add(a, b):", SamplingParams(max_new_tokens=32))  # the trained small
 
 The names below are imported on first use, so ``import glmlab`` stays cheap.
 """

@@ -101,7 +101,9 @@ class InstanceSpec:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    model: str = "tiny"  # a checkpoint directory, or a preset written once (tiny, slice:N)
+    # a checkpoint directory, the committed trained ``small``, or a random preset written once
+    # (tiny, slice:N)
+    model: str = "small"
     served_model_name: str = ""  # default: the preset name or the directory's name
     mode: Mode = Mode.PD
     host: str = "127.0.0.1"  # where the router listens

@@ -40,7 +40,7 @@ class Completion:
 
 
 class LLM:
-    def __init__(self, model: str | Path = "tiny", tracer: Tracer = NULL_TRACER,
+    def __init__(self, model: str | Path = "small", tracer: Tracer = NULL_TRACER,
                  **engine_options):
         self.engine = Engine.from_pretrained(model, EngineConfig(**engine_options), tracer)
         self.cfg, self.model, self.tokenizer = self.engine.cfg, self.engine.model, \

@@ -39,7 +39,8 @@ TIMEOUT_S = 10.0
 def tp_service(tmp_path_factory):
     router, metrics, prefill, boot, decode = map(str, free_ports(5))
     args = build_parser().parse_args([
-        "serve", "--prefill-tp", "2", "--decode-tp", "2", "--decode-ep", "2", *MTP,
+        "serve", "--model", "tiny", "--prefill-tp", "2", "--decode-tp", "2", "--decode-ep", "2",
+        *MTP,
         "--page-size", str(PAGE), "--cache-bytes", str(ENGINE["cache_bytes"]),
         "--port", router, "--router-metrics-port", metrics, "--prefill-ports", prefill,
         "--bootstrap-ports", boot, "--decode-ports", decode, "--startup-timeout-s", "240",
