@@ -41,13 +41,7 @@ def random_tp_model(config: dict | ModelConfig, groups: ProcessGroups, seed: int
     """This rank's shard of the random model ``write_random_checkpoint(config, seed=seed,
     fp8=fp8, device=device)`` would write, loaded with ``dtype`` / ``fp8_mode``."""
     check_layout(groups)
-    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
-    with torch.device("meta"):
-        model = GLM5Model(cfg, with_mtp=with_mtp)
-    draw = _Drawer(seed, fp8_parameter_names(model) if fp8 else set(), fp8_mode, dtype,
-                   torch.device(device), cfg.fp8.block if cfg.fp8 else (128, 128))
-    for name in ("embed_tokens", "norm", "lm_head"):
-        draw.module(getattr(model, name), name)
+    cfg, model, draw = _model_on_meta(config, with_mtp, seed, fp8, fp8_mode, dtype, device)
     blocks = [(f"layers.{i}", layer) for i, layer in enumerate(model.layers)]
     if model.mtp is not None:
         blocks.append(("mtp", model.mtp))
@@ -67,18 +61,27 @@ def random_cp_prefill(config: dict | ModelConfig, groups: ProcessGroups,
                       dtype: torch.dtype = torch.bfloat16, device: str = "cpu") -> CPPrefill:
     """This rank's ``CPPrefill`` over the random model of ``random_tp_model``'s arguments (no MTP
     layer: CP prefill does not run it), equal to ``CPPrefill(load_model(...), groups, cp)``."""
-    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
-    with torch.device("meta"):
-        model = GLM5Model(cfg, with_mtp=False)
-    draw = _Drawer(seed, fp8_parameter_names(model) if fp8 else set(), fp8_mode, dtype,
-                   torch.device(device), cfg.fp8.block if cfg.fp8 else (128, 128))
-    for name in ("embed_tokens", "norm", "lm_head"):
-        draw.module(getattr(model, name), name)
+    _, model, draw = _model_on_meta(config, False, seed, fp8, fp8_mode, dtype, device)
     runner = CPPrefill(model.eval(), groups, cp, wrap=False)
     for i, layer in enumerate(model.layers):
         draw.module(layer, f"layers.{i}")
         runner.wrap_layer(layer)
     return runner
+
+
+def _model_on_meta(config: dict | ModelConfig, with_mtp: bool, seed: int, fp8: bool,
+                   fp8_mode: str, dtype: torch.dtype, device: str
+                   ) -> tuple[ModelConfig, GLM5Model, _Drawer]:
+    """The model's skeleton on the meta device with its embedding, final norm and lm_head drawn,
+    and the drawer for its blocks (drawn and placed one at a time by the caller)."""
+    cfg = config if isinstance(config, ModelConfig) else ModelConfig.from_hf(config)
+    with torch.device("meta"):
+        model = GLM5Model(cfg, with_mtp=with_mtp)
+    draw = _Drawer(seed, fp8_parameter_names(model) if fp8 else set(), fp8_mode, dtype,
+                   torch.device(device), cfg.fp8.block if cfg.fp8 else (128, 128))
+    for name in ("embed_tokens", "norm", "lm_head"):
+        draw.module(getattr(model, name), name)
+    return cfg, model, draw
 
 
 class _Drawer:
