@@ -58,8 +58,13 @@ def compile_decode_kernels(act: str = "bf16") -> list[Compiled]:
     ptr = {a: "*fp32" for a in ("q_ptr", "k_ptr", "g_ptr", "state_ptr")}
     ptr |= {a: f"*{act}" for a in ("v_ptr", "beta_ptr", "gate_ptr", "nw_ptr", "out_ptr")}
     ptr["slots_ptr"] = "*i64"
-    out.append(compile_sm90(k, _types(k, ptr, ("eps",)),
-                            dict(K=128, V=128, STORE_STATE=True, PRECISE=True), num_warps=8))
+    out.append(compile_sm90(k, _types(k, ptr, ("eps",)),  # a 128 x 128 head in 32-column slices
+                            dict(K=128, V=128, BV=32, STORE_STATE=True, PRECISE=True),
+                            num_warps=4))
+    k = kda_window_triton._gate_norm_kernel
+    ptr = {a: f"*{act}" for a in ("out_ptr", "gate_ptr", "nw_ptr")}
+    out.append(compile_sm90(k, _types(k, ptr, ("eps",)), dict(V=128, PRECISE=True),
+                            num_warps=1))
     k = indexer_triton._pool_update_kernel
     ptr = {"k_ptr": f"*{act}", "gate_ptr": f"*{act}", "tail_ptr": f"*{act}",
            "keys_ptr": "*fp8e4nv", "kscale_ptr": "*fp32", "ape_ptr": "*fp32",

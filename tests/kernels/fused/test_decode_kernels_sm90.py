@@ -25,7 +25,7 @@ def test_decode_kernels_compile_for_sm90():
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {r["name"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])}
     assert set(rows) == {"_mix_kernel", "_collapse_norm_kernel", "_rmsnorm_kernel",
-                         "_router_kernel", "_prep_kernel", "_window_kernel",
+                         "_router_kernel", "_prep_kernel", "_window_kernel", "_gate_norm_kernel",
                          "_pool_update_kernel", "_scores_kernel", "_select_kernel"}
     for r in rows.values():
         assert r["shared"] <= 232448 // 2, r  # leaves room for a second program per SM
