@@ -348,11 +348,17 @@ def _layouts():
 
 def _check(cfg: GluonConfig, align: AlignedPairs, a: torch.Tensor, w: torch.Tensor, w_scale,
            up: bool) -> None:
-    if not a.is_cuda:
-        raise ValueError("the Gluon kernel runs on CUDA devices only (no interpreter)")
     if align.block_m != TILE_M:
         raise ValueError(f"pairs aligned to {align.block_m} rows, the Gluon kernel takes "
                          f"{TILE_M}")
+    check_operands(cfg, align, a, w, w_scale, up)
+
+
+def check_operands(cfg, align: AlignedPairs, a: torch.Tensor, w: torch.Tensor, w_scale,
+                   up: bool) -> None:
+    """What both Gluon kernels (prefill and decode) need of their operands and their config."""
+    if not a.is_cuda:
+        raise ValueError("the Gluon kernel runs on CUDA devices only (no interpreter)")
     if w.dtype != FP8 or w_scale is None or a.dtype != FP8:
         raise ValueError("the Gluon kernel takes block-FP8 weights and E4M3 activations only")
     n_out = w.shape[1] // 2 if up else w.shape[1]

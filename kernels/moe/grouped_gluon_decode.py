@@ -43,12 +43,12 @@ from glmlab.kernels.moe.grouped_gluon import (
     _ACT,
     MAXNREG,
     SCALE_SMEM,
-    SMEM_LIMIT,
     _group_scale,
     _half_rows,
     _quant,
     _swiglu,
     _tile_coords,
+    check_operands,
 )
 from glmlab.kernels.moe.routing_triton import AlignedPairs
 
@@ -278,24 +278,11 @@ def _layouts(tok: int):
 
 def _check(cfg: GluonDecodeConfig, align: AlignedPairs, x: torch.Tensor, w: torch.Tensor,
            w_scale, up: bool) -> None:
-    if not x.is_cuda:
-        raise ValueError("the Gluon kernel runs on CUDA devices only (no interpreter)")
     if cfg.tok not in (16, 32, 64):
         raise ValueError(f"tok must be 16, 32 or 64, got {cfg.tok}")
     if align.block_m != cfg.tok:
         raise ValueError(f"pairs aligned to {align.block_m} rows, config has tok {cfg.tok}")
-    if w.dtype != FP8 or w_scale is None or x.dtype != FP8:
-        raise ValueError("the Gluon kernel takes block-FP8 weights and E4M3 activations only")
-    n_out = w.shape[1] // 2 if up else w.shape[1]
-    step = HALF if up else 2 * HALF
-    if n_out % step or w.shape[2] % STEP_K:
-        raise ValueError(f"N={n_out} must be a multiple of {step} and K={w.shape[2]} of "
-                         f"{STEP_K}")
-    if x.shape[0] != align.max_rows or not x.is_contiguous():
-        raise ValueError(f"x must hold the {align.max_rows} aligned rows (contiguous), got "
-                         f"{tuple(x.shape)}")
-    if cfg.smem_bytes(up) > SMEM_LIMIT:
-        raise ValueError(f"{cfg.short()} needs {cfg.smem_bytes(up)} B of shared memory")
+    check_operands(cfg, align, x, w, w_scale, up)
 
 
 def _launch(x, x_scale, w, w_scale, out, out_scale, route_w, align, cfg: GluonDecodeConfig, up,
