@@ -74,27 +74,18 @@ def _ints(s: str) -> list[int]:
 
 
 def ceilings(device) -> dict[str, float]:
-    """Measured now: HBM bytes/s of a 2 GiB device copy (read + write) and the FLOP/s of an
-    8192^3 bf16 matmul and FP8 ``torch._scaled_mm`` (medians of do_bench; random data)."""
+    """Measured now: HBM bytes/s of a device copy (read + write) and the FP8 ``_scaled_mm`` rate
+    (``kernels.moe.timing.measure_ceilings``), and the FLOP/s of an 8192^3 bf16 matmul."""
     import triton.testing
 
-    def ms(fn) -> float:
-        return float(triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median"))
+    from glmlab.kernels.moe.timing import measure_ceilings
 
-    def copy_rate() -> float:
-        src = torch.empty(1 << 30, dtype=torch.bfloat16, device=device).normal_()
-        dst = torch.empty_like(src)
-        return 2 * src.numel() * src.element_size() / (ms(lambda: dst.copy_(src)) * 1e-3)
-
-    hbm = copy_rate()
+    moe = measure_ceilings()
     n = 8192
     a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
-    bf16 = 2 * n**3 / (ms(lambda: a @ b) * 1e-3)
-    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
-    one = torch.ones((), device=device)
-    fp8 = 2 * n**3 / (ms(lambda: torch._scaled_mm(a8, b8.t(), one, one,
-                                                  out_dtype=torch.bfloat16)) * 1e-3)
-    return {"hbm": hbm, "bf16": bf16, "fp8": fp8}
+    ms = float(triton.testing.do_bench(lambda: a @ b, warmup=10, rep=50, return_mode="median"))
+    return {"hbm": moe["hbm_copy_tbs"] * 1e12, "bf16": 2 * n**3 / (ms * 1e-3),
+            "fp8": moe["fp8_scaled_mm_tflops"] * 1e12}
 
 
 # ---------------------------------------------------------------- model, cache, plans
