@@ -7,6 +7,8 @@
 #                scripts/h200_serve_fast.sh (glmlab serve on the fast path == glmlab generate)
 #
 #   GLMLAB_GIT_COMMIT=$(git rev-parse HEAD) OUT=/dir bash scripts/h200_decode_fastpath.sh
+#   STAGES=tests,serve,profile ...     a subset of tune,bench,tests,serve,profile (default: all
+#                                      but profile); profile prints the verify step's kernels
 #
 # Carry .devpack/{fla,tilelang,nixl,serve}.tar.xz (bash scripts/devpack.sh fla tilelang nixl serve).
 # Every stage has a time limit cut to what is left of LIMIT_S and writes as it goes. $OUT gets:
@@ -21,8 +23,10 @@ WORK=$(mktemp -d)
 LIMIT=${LIMIT_S:-560}
 START=$SECONDS
 left() { echo $(( LIMIT - (SECONDS - START) )); }
+STAGES=",${STAGES:-tune,bench,tests,serve},"
 stage() {  # stage NAME LIMIT_S CMD...: cut to what is left, logged, status recorded
   local name=$1 limit=$2 have rc; shift 2
+  case "$STAGES" in *",${name%%-*},"*) ;; *) return ;; esac
   have=$(( $(left) - 5 )); [ "$limit" -gt "$have" ] && limit=$have
   if [ "$limit" -lt 15 ]; then echo "$name skipped: no time left" >> "$WORK/status.txt"; return; fi
   echo "== $(date +%T) (+$((SECONDS - START))s) $name, limit ${limit}s"
@@ -45,6 +49,8 @@ stage bench-bf16-state 60 python3 -m glmlab.bench.ops --op decode --out "$WORK/b
   --presets slice:4 --batches 128 --contexts 1024 --verify-batches 132 --state-dtype bf16 \
   --paths new --stream "$OUT/decode.jsonl"
 
+stage profile 100 python3 scripts/profile_decode_step.py --preset slice:4 --cases 128x1,132x8
+
 ( stage tests 240 python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 \
     tests/kernels/decode tests/kernels/fp8/test_linear_fp8.py \
     tests/kernels/fused/test_decode_kernels_bf16_gpu.py tests/model/test_cuda_graph.py \
@@ -56,7 +62,7 @@ wait $tests_pid
 
 {
   echo "elapsed $((SECONDS - START)) s"; cat "$WORK/status.txt"
-  echo "--- tests"; grep -E "passed|failed|FAILED|Error" "$WORK/tests.log" | tail -n 15
+  echo "--- tests"; grep -E "passed|failed|FAILED|Error" "$WORK/tests.log" 2>/dev/null | tail -n 15
   echo "--- serve"; cat "$WORK/serve/summary.json" 2>/dev/null
   echo; echo "--- decode"
   python3 - "$OUT/decode.jsonl" <<'EOF'

@@ -18,6 +18,12 @@
 # when started again; whatever is in $WORK is copied to $OUT when the script exits.
 set -u
 export PYTHONUNBUFFERED=1 GLMLAB_CACHE_DIR=/tmp/glmcache FLA_TILELANG=0
+# NOTE: a mixed or prefill worker's radix mode (kv_and_state) ends a prefill chunk at the prompt's
+# last page boundary, so that the state there can be cached; `glmlab generate` (radix off) computes
+# the prompt in one chunk. Other chunk boundaries are other fp32 summation orders, and on random
+# real-width weights a logit near-tie then flips a greedy token some steps in (seen on the H200:
+# 300 prompt tokens = 256 + 44 in the service, 300 in generate; 37 tokens, one chunk in both,
+# matched). "The same flags" therefore includes --radix kv_and_state on both sides.
 # NOTE: fla's Triton kernels pick their tile configs by timing them, so two processes can run
 # different configs (other fp32 summation orders), and on random real-width weights a logit
 # near-tie then flips a greedy token some steps in (seen on the H200 at 300 prompt tokens). With
@@ -34,7 +40,8 @@ REHEARSE=${REHEARSE:-0}
 
 if [ "$REHEARSE" = 1 ]; then
   PY=${PY:-.venv/bin/python}; DEV=cpu; CKPT=/tmp/glmlab-serve-fast-tiny-fp8
-  ENGINE="--dtype bf16 --fp8-weights keep --page-size 16 --context-len 1024 --cache-bytes 64000000"
+  ENGINE="--dtype bf16 --fp8-weights keep --page-size 16 --context-len 1024 --cache-bytes 64000000
+          --radix kv_and_state"
   UCX="tcp,self"; N_NEW=8; LENS="37 90 200"; START_S=240
 else
   PY=python3; DEV=cuda:0; CKPT=/tmp/slice4
@@ -43,7 +50,7 @@ else
           --backends-moe triton --backends-linear-fp8 triton --backends-norm triton
           --backends-mhc triton --backends-router triton --backends-kda-step triton
           --backends-dsa-index triton --cuda-graph-max-bs 8 --context-len 4096
-          --cache-bytes 8000000000"
+          --cache-bytes 8000000000 --radix kv_and_state"
   UCX="cuda_copy,cuda_ipc,self,sm,tcp"; N_NEW=16; LENS=${LENS:-"37 300 1200"}; START_S=280
 fi
 ENGINE=$(echo $ENGINE)  # one line, for the logs
