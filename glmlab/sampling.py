@@ -7,8 +7,11 @@ touches a captured CUDA graph), as tensor ops over the whole batch, in this orde
    positive logits divided, negative multiplied), frequency and presence penalties (output
    tokens), ``logit_bias``, stop tokens masked until ``min_new_tokens``; then grammar bitmasks;
 2. greedy rows: argmax; the others: temperature, top-k, top-p, min-p (per-row tensors), then a
-   draw by the exponential race ``argmax(p / E)``, ``E = -log(u)``, whose uniforms ``u`` are a
-   hash of (request seed, position, token id). A request's token therefore depends on its seed,
+   draw by the exponential race ``argmax(p / E)``, ``E = -log(u)``, taken in the log domain as
+   ``argmax(log p - log E)`` (``kernels/sampling/ref.race_ref``), whose uniforms ``u`` are a
+   hash of (request seed, position, token id). Rows that only scale by a temperature race
+   ``logits / T`` itself (no softmax: the row's normaliser does not move the argmax), in one
+   pass per row with the ``race`` backend. A request's token therefore depends on its seed,
    its position and its distribution only: not on its batch, not on a generator's history, the
    same after preemption, and the n samples of one prompt differ by their seeds alone.
 3. logprobs of the sampled tokens and the top-k alternatives, of the *raw* logits (before
@@ -28,29 +31,10 @@ from collections.abc import Sequence
 import torch
 
 from glmlab.core import Req, Sampled, TokenLogprob
-from glmlab.kernels.sampling.ref import apply_penalties_ref, apply_token_mask_ref
+from glmlab.kernels.sampling.ref import (apply_penalties_ref, apply_token_mask_ref, race_ref,
+                                         seeded_uniform)
 
 _MASK = float("-inf")
-_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
-_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
-_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
-
-
-def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
-    return (x >> n) & ((1 << (64 - n)) - 1)
-
-
-def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[N, vocab] uniforms in (0, 1): a splitmix64 hash of (seed, position, token id) per row.
-    int64 products wrap on every torch device, which the mixing relies on."""
-    dev = seeds.device
-    key = seeds.long() * _GOLDEN + positions.long() * _MIX2
-    x = key[:, None] + torch.arange(vocab, device=dev, dtype=torch.long)[None, :] * _GOLDEN
-    x = (x ^ _shr(x, 30)) * _MIX1
-    x = (x ^ _shr(x, 27)) * _MIX2
-    x = x ^ _shr(x, 31)
-    return (_shr(x, 40).float() + 0.5) * (1.0 / (1 << 24))
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -149,13 +133,14 @@ class BatchSampler:
     logits [N, V] is request i's), with logprobs where asked; ``release(rid)`` when one ends."""
 
     def __init__(self, vocab: int, device: torch.device | str, penalties=None,
-                 token_mask=None):
+                 token_mask=None, race=None):
         self.vocab, self.device = vocab, torch.device(device)
         self.extras = _Extras(vocab, self.device)
         # in-place adjustments of the penalised and the constrained rows
         # (glmlab.kernels.sampling; the ModelRunner binds the backend its config names)
         self.penalties = penalties or apply_penalties_ref
         self.token_mask = token_mask or apply_token_mask_ref
+        self.race = race or race_ref
         self._masks = torch.empty(0, (vocab + 31) // 32, dtype=torch.int32)  # host, reused
 
     def release(self, rid: str) -> None:
@@ -223,12 +208,13 @@ class BatchSampler:
             temp, top_p, min_p = _to_device([[p.temperature for p in par],
                                              [p.top_p for p in par], [p.min_p for p in par]],
                                             torch.float32, dev)
-            probs = filter_probs(
-                x[idx], temp, top_k, top_p, min_p,
-                truncates=any(0 < p.top_k < vocab or p.top_p < 1.0 for p in par),
-                floors=any(p.min_p > 0 for p in par))
-            u = seeded_uniform(seeds, pos, vocab)
-            tokens[idx] = (probs / -torch.log(u)).argmax(-1)
+            truncates = any(0 < p.top_k < vocab or p.top_p < 1.0 for p in par)
+            floors = any(p.min_p > 0 for p in par)
+            if truncates or floors:
+                probs = filter_probs(x[idx], temp, top_k, top_p, min_p, truncates, floors)
+                tokens[idx] = _race_log_probs(probs, seeds, pos)
+            else:
+                tokens[idx] = self.race(x, idx, temp, seeds, pos)
         picked = tokens.tolist()
         self._count(reqs, picked)
         return self._with_logprobs(reqs, logits, picked)
@@ -267,12 +253,16 @@ def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[T
     one device-to-host copy for all rows."""
     if not len(tokens):
         return []
-    lp = torch.log_softmax(logits.float(), -1)
-    picked = lp.gather(-1, torch.tensor(list(tokens), device=lp.device)[:, None])
+    # x - logsumexp(x), gathered and top-k'd from the raw logits: the same numbers as a
+    # log_softmax, without writing (and re-reading) the whole [N, V] of it
+    x = logits.float()
+    lse = torch.logsumexp(x, -1, keepdim=True)
+    picked = x.gather(-1, torch.tensor(list(tokens), device=x.device)[:, None]) - lse
     if top:
-        values, ids = lp.topk(top, dim=-1)
+        values, ids = x.topk(top, dim=-1)
+        values = values - lse
         # one device-to-host copy: token ids are exact in fp64 (and fp32 below 2**24)
-        wide = torch.float32 if lp.shape[-1] < (1 << 24) else torch.float64
+        wide = torch.float32 if x.shape[-1] < (1 << 24) else torch.float64
         rows = torch.cat([picked.to(wide), values.to(wide), ids.to(wide)], 1).tolist()
         picked = [r[0] for r in rows]
         alts = [tuple(zip(map(int, r[1 + top:]), r[1:1 + top], strict=True)) for r in rows]
@@ -288,7 +278,15 @@ def draw(logits: torch.Tensor, params, seed: int, position: int) -> int:
         return int(logits.argmax())
     dev = logits.device
     one = lambda v, dtype=None: torch.tensor([v], device=dev, dtype=dtype)  # noqa: E731
-    probs = filter_probs(logits[None].float(), one(params.temperature), one(params.top_k),
-                         one(params.top_p), one(params.min_p))
-    u = seeded_uniform(one(seed, torch.long), one(position, torch.long), logits.shape[-1])
-    return int((probs / -torch.log(u)).argmax(-1))
+    seeds, pos = one(seed, torch.long), one(position, torch.long)
+    x, temp = logits[None].float(), one(params.temperature)
+    if 0 < params.top_k < logits.shape[-1] or params.top_p < 1.0 or params.min_p > 0:
+        probs = filter_probs(x, temp, one(params.top_k), one(params.top_p), one(params.min_p))
+        return int(_race_log_probs(probs, seeds, pos)[0])
+    return int(race_ref(x, one(0, torch.long), temp, seeds, pos)[0])
+
+
+def _race_log_probs(probs: torch.Tensor, seeds: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The race over filtered probabilities [M, V] (log 0 = -inf: a dropped token never wins)."""
+    u = seeded_uniform(seeds, pos, probs.shape[-1])
+    return (probs.log() - torch.log(-torch.log(u))).argmax(-1)

@@ -204,21 +204,31 @@ class CudaGraphRunner:
                        logits=logits.clone() if plan.logit_rows is None else logits)
 
 
-# Per captured row, besides its static outputs: what the forward's activations take in the graphs'
-# shared pool, calibrated on the H200 (slice:4, 2026-12-03: 182 MB measured for the 128-row decode
-# bucket, 1,772 MB for the 136 x 8 verify bucket; this estimate gives 221 and 1,880 MB):
-# the bf16 logits before their fp32 copy, and ~192 hidden-width vectors of 4 bytes.
-ACTIVATION_BYTES_PER_ROW = (2, 192 * 4)  # x vocab, x hidden
+# What the graphs' shared pool holds besides every bucket's static outputs, calibrated on the H200
+# (slice:4, 2026-12-03, one bucket per runner: 54 MiB measured at 1 row, 78 at 32, 182 at 128 and
+# at 16 x 8, 1,772 at 136 x 8; this estimate gives 66, 116, 275, 275 and 1,853 MiB):
+# - per row of the largest capture: the bf16 logits before their fp32 copy, and ~96 bf16
+#   hidden-width activations (projections, MoE rows, attention partials) that the others reuse;
+# - a fixed part: the pool owns whole allocator segments (2 MiB blocks for requests up to 1 MiB,
+#   20 MiB blocks up to 10 MiB) and the step's size-independent workspaces (split-K partials,
+#   expert alignment, sparse-attention partials), 54 MiB at one row. On the tiny model the pool's
+#   first segment alone (2 MiB) is more than its rows' estimate (0.8 MB): a budget without the
+#   fixed part set aside too little there (seen on the H200).
+ACTIVATION_BYTES_PER_ROW = (2, 192)  # x vocab, x hidden
+FIXED_POOL_BYTES = 64 << 20
 
 
 def reserve_bytes(vocab: int, hidden: int, buckets: list[int], widths: tuple[int, ...]) -> int:
     """Device bytes to set aside for the graphs before the cache pools are sized: every
     bucket's static outputs (fp32 logits and bf16 hidden states of each row stay allocated, one
-    set per graph) plus the activations of the largest capture, which the others reuse."""
+    set per graph) plus the activations of the largest capture, which the others reuse, plus the
+    pool's fixed part (``FIXED_POOL_BYTES``)."""
     rows = [b * w for w in widths for b in buckets]
+    if not rows:
+        return 0
     outputs = sum(rows) * (4 * vocab + 2 * hidden)
     per_row = ACTIVATION_BYTES_PER_ROW[0] * vocab + ACTIVATION_BYTES_PER_ROW[1] * hidden
-    return outputs + max(rows, default=0) * per_row
+    return FIXED_POOL_BYTES + outputs + max(rows) * per_row
 
 
 def pool_bytes(pool) -> int:

@@ -88,6 +88,9 @@ KDA_STEP = Registry("kda_step")
 DSA_INDEX = Registry("dsa_index")
 PENALTIES = Registry("penalties")
 TOKEN_MASK = Registry("token_mask")
+RACE = Registry("race")
+RACE.add("torch", "glmlab.kernels.sampling.ref:race_ref")
+RACE.add("triton", "glmlab.kernels.sampling.race_triton:race_triton")
 for _reg, _name in ((PENALTIES, "penalties"), (TOKEN_MASK, "token_mask")):
     _reg.add("torch", f"glmlab.kernels.sampling.ref:apply_{_name}_ref")
     _reg.add("triton", f"glmlab.kernels.sampling.penalties_triton:apply_{_name}_triton")
@@ -138,6 +141,7 @@ class Backends:
             "dsa_index": DSA_INDEX.get(self.dsa_index),
             "penalties": PENALTIES.get(self.sampling),
             "token_mask": TOKEN_MASK.get(self.sampling),
+            "race": RACE.get(self.sampling),
         }
 
     def describe(self) -> str:

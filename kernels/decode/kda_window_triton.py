@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from glmlab.kernels.decode import kda_window_chunk_triton as chunk
 from glmlab.kernels.fused.mhc_triton import _sigmoid
 
 
@@ -83,17 +84,34 @@ def value_block(dk: int, dv: int, n_seq: int, heads: int, num_sms: int = 132) ->
     return 32
 
 
+def window_method(n: int, method: str | None = None, dk: int = 128,
+                  block_v: int | None = None) -> str:
+    """The kernel for a window of n tokens: the step-by-step recurrence for decode (n = 1), the
+    chunk (matrix) form on tensor cores for verify windows of 2..16 (``chunk.ROWS``) whose
+    tiles suit tl.dot (K and the value block >= 16)."""
+    if method is None:
+        fits = dk >= 16 and (block_v is None or block_v >= 16)
+        return "chunk" if 2 <= n <= chunk.ROWS and fits else "recurrent"
+    if method not in ("recurrent", "chunk"):
+        raise ValueError(f"method must be 'recurrent' or 'chunk', not {method!r}")
+    return method
+
+
 def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                beta: torch.Tensor, recurrent: torch.Tensor, slots: torch.Tensor,
                gate: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-               store_state: bool = True, block_v: int | None = None) -> torch.Tensor:
+               store_state: bool = True, block_v: int | None = None,
+               method: str | None = None, dot_precision: str | None = None) -> torch.Tensor:
     """``ref.kda_window_ref`` in one launch: out [T, H*V] in gate.dtype; ``recurrent`` updated.
 
     Args:
         q, k, g: [T, H, K] fp32 contiguous (q normalised and scaled, k normalised).
         v: [T, H, V]; beta: [T, H] (contiguous).  recurrent: [S, H, K, V] (fp32 or bf16).
         slots: [N] (T = N * n).  gate: [T, H*V] (rows may be strided).  norm_weight: [V].
-        block_v: state columns per program (default ``value_block``).
+        block_v: state columns per program (default ``value_block`` / ``chunk_value_block``).
+        method: "recurrent" (``_window_kernel``, step by step) or "chunk"
+            (``kda_window_chunk_triton``: the window as one matrix-form chunk on tensor cores);
+            default ``window_method(n)``.  dot_precision: the chunk form's tl.dot precision.
     """
     t_len, heads, dk = k.shape
     dv = v.shape[-1]
@@ -106,13 +124,21 @@ def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
     if gate.shape != (t_len, heads * dv) or gate.stride(-1) != 1:
         raise ValueError(f"gate must be [{t_len}, {heads * dv}] with a contiguous last dim")
     out = torch.empty(t_len, heads * dv, dtype=gate.dtype, device=k.device)
-    bv = block_v or value_block(dk, dv, n_seq, heads)
+    method = window_method(t_len // n_seq, method, dk, block_v)
+    if method == "chunk":
+        bv = block_v or chunk.chunk_value_block(dk, dv)
+    else:
+        bv = block_v or value_block(dk, dv, n_seq, heads)
     if dv % bv:
         raise ValueError(f"value block {bv} must divide V={dv}")
-    _window_kernel[(n_seq, heads, dv // bv)](
-        q, k, v, g, beta, recurrent, slots, gate, norm_weight, out, t_len // n_seq, heads,
-        float(eps), recurrent.stride(0), gate.stride(0), out.stride(0), K=dk, V=dv, BV=bv,
-        STORE_STATE=store_state, PRECISE=k.is_cuda, num_warps=8 if dk * bv >= 8192 else 4)
+    if method == "chunk":
+        chunk.launch_chunk(q, k, v, g, beta, recurrent, slots, gate, norm_weight, eps, out, bv,
+                           store_state, dot_precision)
+    else:
+        _window_kernel[(n_seq, heads, dv // bv)](
+            q, k, v, g, beta, recurrent, slots, gate, norm_weight, out, t_len // n_seq, heads,
+            float(eps), recurrent.stride(0), gate.stride(0), out.stride(0), K=dk, V=dv, BV=bv,
+            STORE_STATE=store_state, PRECISE=k.is_cuda, num_warps=8 if dk * bv >= 8192 else 4)
     if bv < dv:
         _gate_norm_kernel[(t_len, heads)](out, gate, norm_weight, heads, float(eps),
                                           gate.stride(0), out.stride(0), V=dv,

@@ -12,6 +12,11 @@ Shapes: ``idx``, ``rows`` [M] int64; ``counts``, ``bias`` [S, V] fp32; ``prompt`
 [S, V] bool; ``rep``, ``freq``, ``pres`` [M] fp32; ``early`` [M] bool (M adjusted rows, S table
 rows). The order of operations is part of the contract: the kernel computes exactly this.
 
+``race_ref`` draws one token per row by the exponential race: the token maximising
+``scores - log(-log u)`` (a Gumbel-max draw, equal to ``argmax(p / E)`` with ``E = -log u`` for
+``scores = log p`` up to a constant per row), ``u = seeded_uniform(seed, position, token)``, ties to
+the lower token id. With ``scores = logits / T`` no softmax is needed at all: the draw is one pass.
+
 ``apply_token_mask_ref`` sets row ``idx[i]`` of ``x`` to -inf wherever bit ``v % 32`` of word
 ``v // 32`` of ``bitmask[i]`` [M, ceil(V/32)] int32 is 0 (a grammar's allowed next tokens, the
 layout xgrammar fills).
@@ -22,6 +27,35 @@ from __future__ import annotations
 import torch
 
 _MASK = float("-inf")
+# splitmix64's constants as signed int64 (int64 products wrap on every torch device and in Triton)
+GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15
+MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+MIX2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def seeded_uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[N, vocab] uniforms in (0, 1): a splitmix64 hash of (seed, position, token id) per row."""
+    dev = seeds.device
+    key = seeds.long() * GOLDEN + positions.long() * MIX2
+    x = key[:, None] + torch.arange(vocab, device=dev, dtype=torch.long)[None, :] * GOLDEN
+    x = (x ^ _shr(x, 30)) * MIX1
+    x = (x ^ _shr(x, 27)) * MIX2
+    x = x ^ _shr(x, 31)
+    return (_shr(x, 40).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def race_ref(x: torch.Tensor, idx: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+             positions: torch.Tensor) -> torch.Tensor:
+    """[M] int64 tokens: rows ``idx`` [M] of fp32 logits ``x`` [N, V] at ``temperature`` [M]
+    (fp32), raced with the uniforms of ``seeds`` / ``positions`` [M] (int64)."""
+    scores = x[idx] / temperature[:, None]
+    u = seeded_uniform(seeds, positions, x.shape[-1])
+    return (scores - torch.log(-torch.log(u))).argmax(-1)
 
 
 def apply_penalties_ref(x: torch.Tensor, idx: torch.Tensor, rows: torch.Tensor,

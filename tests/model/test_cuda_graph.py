@@ -8,6 +8,7 @@ uniform step) equal eager tokens, in a Session and through the engine.
 
 from __future__ import annotations
 
+import collections
 import warnings
 
 import pytest
@@ -71,7 +72,10 @@ def _step_plan(s: Session, tokens: dict[int, list[int]]) -> StepPlan:
 
 
 @pytest.mark.gpu
-def test_decode_step_has_no_host_sync_and_few_kernels(tiny_dir):
+def test_decode_step_has_no_host_sync_and_few_kernels(tiny_dir, monkeypatch):
+    # the conftest's NaN poison fills every torch.empty glmlab makes: one extra kernel each (the
+    # H200 counted 55.5 per layer with it), which the real step does not launch
+    monkeypatch.undo()
     model = _fast_tiny(tiny_dir)
     s = _prefilled(model, 3)
     run_step(model, s.cache, _step_plan(s, {i: [5] for i in (1, 2, 3)}))  # compile, warm up
@@ -86,7 +90,8 @@ def test_decode_step_has_no_host_sync_and_few_kernels(tiny_dir):
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
     per_layer = len(kernels) / model.cfg.num_layers
-    print(f"{len(kernels)} kernels, {per_layer:.1f} per layer")
+    names = collections.Counter(e.name[:60] for e in kernels).most_common(12)
+    print(f"{len(kernels)} kernels, {per_layer:.1f} per layer; most launched: {names}")
     assert 0 < per_layer <= MAX_KERNELS_PER_LAYER
 
 

@@ -80,8 +80,9 @@ def test_sampler_draws_the_same_with_either_backend():
     reqs[1].grammar, reqs[3].grammar = _Only({31, 63, 200}), _Only({5, 6})
     logits = torch.randn(4, v, generator=torch.Generator().manual_seed(3))
     a = BatchSampler(v, "cpu").sample(reqs, logits)
+    race = pytest.importorskip("glmlab.kernels.sampling.race_triton").race_triton
     b = BatchSampler(v, "cpu", triton_impl.apply_penalties_triton,
-                     triton_impl.apply_token_mask_triton).sample(reqs, logits)
+                     triton_impl.apply_token_mask_triton, race).sample(reqs, logits)
     assert a == b
     assert a[1].tokens[0] in {31, 63, 200} and a[3].tokens[0] in {5, 6}
 
