@@ -31,8 +31,12 @@ from collections.abc import Sequence
 import torch
 
 from glmlab.core import Req, Sampled, TokenLogprob
-from glmlab.kernels.sampling.ref import (apply_penalties_ref, apply_token_mask_ref, race_ref,
-                                         seeded_uniform)
+from glmlab.kernels.sampling.ref import (
+    apply_penalties_ref,
+    apply_token_mask_ref,
+    race_ref,
+    seeded_uniform,
+)
 
 _MASK = float("-inf")
 

@@ -78,7 +78,7 @@ def test_slice4_fused_step_matches_reference_and_graph():
     layer0, logits = _rel(fast.features, ref.features), _rel(fast.logits, ref.logits)
     print(f"fused vs W8A8 reference: layer 0 {layer0:.2e}, logits {logits:.2e}; the "
           f"reference's half-ulp floor at the logits {floor:.2e}")
-    assert 0 < floor and layer0 < 2e-2 and logits < 4 * floor
+    assert floor > 0 and layer0 < 2e-2 and logits < 4 * floor
     restore()
     runner = CudaGraphRunner(model, cache, 4, plan.forward.page_table.shape[1], [4])
     runner.capture(1, None, (0,))
