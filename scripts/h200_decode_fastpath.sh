@@ -7,8 +7,10 @@
 #                scripts/h200_serve_fast.sh (glmlab serve on the fast path == glmlab generate)
 #
 #   GLMLAB_GIT_COMMIT=$(git rev-parse HEAD) OUT=/dir bash scripts/h200_decode_fastpath.sh
-#   STAGES=tests,serve,profile ...     a subset of tune,bench,tests,serve,profile (default: all
-#                                      but profile); profile prints the verify step's kernels
+#   STAGES=tests,serve,profile ...     a subset of tune,bench,state,kdawin,profile,tests,serve
+#                                      (default: tune,bench,tests,serve); state: the bench with a
+#                                      bf16 KDA state; kdawin: the verify window's two kernels;
+#                                      profile: the decode and verify steps' kernels
 #
 # Carry .devpack/{fla,tilelang,nixl,serve}.tar.xz (bash scripts/devpack.sh fla tilelang nixl serve).
 # Every stage has a time limit cut to what is left of LIMIT_S and writes as it goes. $OUT gets:
@@ -45,16 +47,19 @@ stage tune 150 python3 -m glmlab.cli tune linear-fp8 --preset slice:4 \
 cp kernels/fp8/configs/linear-fp8-*.json "$OUT/" 2>/dev/null
 stage bench 150 python3 -m glmlab.bench.ops --op decode --out "$WORK/bench" --presets slice:4 \
   --batches 1,32,128 --contexts 1024 --verify-batches 16,132 --stream "$OUT/decode.jsonl"
-stage bench-bf16-state 60 python3 -m glmlab.bench.ops --op decode --out "$WORK/bench" \
+stage state-bf16 60 python3 -m glmlab.bench.ops --op decode --out "$WORK/bench" \
   --presets slice:4 --batches 128 --contexts 1024 --verify-batches 132 --state-dtype bf16 \
   --paths new --stream "$OUT/decode.jsonl"
 
+stage kdawin 60 python3 -m glmlab.bench.ops --op kda-window --out "$OUT" \
+  --chunk-block-v 32,64,128
 stage profile 100 python3 scripts/profile_decode_step.py --preset slice:4 --cases 128x1,132x8
 
 ( stage tests 240 python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 \
     tests/kernels/decode tests/kernels/fp8/test_linear_fp8.py \
     tests/kernels/fused/test_decode_kernels_bf16_gpu.py tests/model/test_cuda_graph.py \
-    tests/model/test_fast_path_slice_gpu.py tests/engine/test_isolation.py ) &
+    tests/model/test_fast_path_slice_gpu.py tests/engine/test_isolation.py \
+    tests/kernels/sampling/test_race.py ) &
 tests_pid=$!
 stage serve $(( $(left) - 10 )) env LENS="${LENS:-37 300}" OUT="$WORK/serve" \
   WORK="$WORK/serve-work" bash scripts/h200_serve_fast.sh

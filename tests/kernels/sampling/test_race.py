@@ -10,6 +10,7 @@ import torch
 from glmlab.kernels.sampling.ref import race_ref
 
 race_triton = pytest.importorskip("glmlab.kernels.sampling.race_triton").race_triton
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # the kernel on the GPU, else interpreted
 
 
 @pytest.mark.parametrize("m, v, seed", [(1, 7, 0), (5, 3000, 1), (3, 4096, 2), (4, 2049, 3)])
@@ -22,7 +23,8 @@ def test_kernel_draws_the_reference_token(m, v, seed):
     seeds = torch.randint(0, 2**62, (m,), generator=g)
     pos = torch.randint(0, 10_000, (m,), generator=g)
     want = race_ref(x, idx, temp, seeds, pos)
-    assert torch.equal(race_triton(x, idx, temp, seeds, pos), want)
+    got = race_triton(*(t.to(DEV) for t in (x, idx, temp, seeds, pos)))
+    assert torch.equal(got.cpu(), want)
 
 
 def test_the_running_best_crosses_blocks():
@@ -33,7 +35,8 @@ def test_the_running_best_crosses_blocks():
     x = torch.full((3, v), float("-inf"))
     x[:, [10, 3000, 4099]] = torch.tensor([0.0, 0.1, -0.1])
     want = race_ref(x, torch.arange(3), torch.ones(3), seeds, pos)
-    assert torch.equal(race_triton(x, torch.arange(3), torch.ones(3), seeds, pos), want)
+    got = race_triton(*(t.to(DEV) for t in (x, torch.arange(3), torch.ones(3), seeds, pos)))
+    assert torch.equal(got.cpu(), want)
     assert set(want.tolist()) <= {10, 3000, 4099}
 
 
@@ -42,7 +45,8 @@ def test_the_race_samples_the_softmax():
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
     n = 4000
     x = logits.expand(n, 4).contiguous()
-    tokens = race_triton(x, torch.arange(n), torch.ones(n), torch.arange(n), torch.full((n,), 3))
+    args = (x, torch.arange(n), torch.ones(n), torch.arange(n), torch.full((n,), 3))
+    tokens = race_triton(*(t.to(DEV) for t in args)).cpu()
     share = torch.bincount(tokens, minlength=4).float() / n
     p = logits.softmax(-1)[0]
     assert torch.all((share - p).abs() <= 4 * (p * (1 - p) / n).sqrt())
