@@ -262,17 +262,40 @@ def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[T
     x = logits.float()
     lse = torch.logsumexp(x, -1, keepdim=True)
     picked = x.gather(-1, torch.tensor(list(tokens), device=x.device)[:, None]) - lse
-    if top:
-        values, ids = x.topk(top, dim=-1)
-        values = values - lse
-        # one device-to-host copy: token ids are exact in fp64 (and fp32 below 2**24)
-        wide = torch.float32 if x.shape[-1] < (1 << 24) else torch.float64
-        rows = torch.cat([picked.to(wide), values.to(wide), ids.to(wide)], 1).tolist()
-        picked = [r[0] for r in rows]
-        alts = [tuple(zip(map(int, r[1 + top:]), r[1:1 + top], strict=True)) for r in rows]
-    else:
-        picked, alts = picked[:, 0].tolist(), [()] * len(tokens)
-    return [TokenLogprob(t, p, a) for t, p, a in zip(tokens, picked, alts, strict=True)]
+    if not top:
+        return [TokenLogprob(t, p, ()) for t, p in zip(tokens, picked[:, 0].tolist(),
+                                                        strict=True)]
+    values, ids = top_k(x, top)
+    # one device-to-host copy: token ids are exact in fp64 (and fp32 below 2**24)
+    wide = torch.float32 if x.shape[-1] < (1 << 24) else torch.float64
+    rows = torch.cat([picked.to(wide), (values - lse).to(wide), ids.to(wide)], 1).tolist()
+    return [TokenLogprob(t, r[0], tuple(zip(map(int, r[1 + top:]), r[1:1 + top], strict=True)))
+            for t, r in zip(tokens, rows, strict=True)]
+
+
+# Rows at least this wide take the two-stage top-k: torch's one-pass top-k gives a row to one
+# thread block, which at 128 rows of the real 154,880-token vocabulary leaves most SMs idle.
+TOP_K_SPLIT_MIN = 1 << 15
+TOP_K_BLOCK = 4096
+
+
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, dim=-1)`` of [N, V] (values descending, their column ids), computed for wide
+    rows as the top k of each 4,096-column block, then the top k of those candidates: the same
+    set (a row's top k are each in their block's top k), over N x V / 4,096 rows of work."""
+    n, v = x.shape
+    if v < TOP_K_SPLIT_MIN or k > TOP_K_BLOCK:
+        return x.topk(k, dim=-1)
+    blocks = -(-v // TOP_K_BLOCK)
+    padded = x
+    if v % TOP_K_BLOCK:
+        padded = torch.full((n, blocks * TOP_K_BLOCK), float("-inf"), dtype=x.dtype,
+                            device=x.device)
+        padded[:, :v] = x
+    vals, cols = padded.view(n, blocks, TOP_K_BLOCK).topk(k, dim=-1)  # [N, B, k]
+    cols = cols + (torch.arange(blocks, device=x.device) * TOP_K_BLOCK)[None, :, None]
+    values, pick = vals.flatten(1).topk(k, dim=-1)
+    return values, cols.flatten(1).gather(1, pick)
 
 
 def draw(logits: torch.Tensor, params, seed: int, position: int) -> int:
