@@ -7,7 +7,10 @@ down-projection fused, the MLP down-projections fed E4M3 activations by the fuse
 to ``kernels/fp8/configs/linear-fp8-<device>.json`` (``--out``), which ``linear_fp8`` reads from
 then on. One report row per (M, N, K) goes to ``--report``: the tuned config and its time beside
 the untuned rule's, the weight-streaming rate and the FLOP rate, against the HBM bandwidth and
-FP8 matmul rate measured in the same run.
+FP8 matmul rate measured in the same run, and the fastest of each kind beside them: the
+tensor-core kernel, the CUDA-core GEMV (M <= 8) and ``torch._scaled_mm``'s block-wise GEMM (or
+why this torch refused it). A kind wins a shape only by being timed fastest and matching the
+reference; the table then sends ``linear_fp8`` calls of that shape to it.
 """
 
 from __future__ import annotations
@@ -110,12 +113,14 @@ def run(args: argparse.Namespace) -> int:
                    "tflops": round(2 * m * n * k / res.best.us / 1e6, 1),
                    "frac_fp8_peak": round(2 * m * n * k / res.best.us / 1e6
                                           / ceilings["fp8_scaled_mm_tflops"], 3),
+                   **_kind_columns(res),
                    "rel_err": res.best_rel_err, "candidates": len(res.timings),
                    "failed": list(res.failed)[:4], **{k2: round(v, 3) for k2, v in
                                                        ceilings.items()}}
             rows.append(row)
             print(json.dumps({k2: row[k2] for k2 in ("M", "N", "K", "act", "tuned", "tuned_us",
-                                                     "rule_us", "frac_hbm", "tflops")}),
+                                                     "rule_us", "frac_hbm", "tflops", "mma_us",
+                                                     "gemv_us", "scaled_mm_us")}),
                   flush=True)
         # after every shape: a run cut short keeps the shapes it finished
         table = GemmTable(entries, meta)
@@ -127,6 +132,20 @@ def run(args: argparse.Namespace) -> int:
             rows = []
     print(json.dumps({"table": str(path), "report": args.report, "shapes": len(shapes)}))
     return 0
+
+
+def _kind_columns(res) -> dict:
+    """The fastest config and time of each kind, and why scaled_mm did not run if it did not."""
+    from glmlab.kernels.fp8.gemm_configs import scaled_mm_config
+
+    cols = {}
+    for kind in ("mma", "gemv", "scaled_mm"):
+        best = res.best_of(kind)
+        cols[f"{kind}_us"] = None if best is None else round(best.us, 2)
+        if kind != "scaled_mm":
+            cols[f"best_{kind}"] = None if best is None else best.config.short()
+    cols["scaled_mm_error"] = res.failure_of(scaled_mm_config())
+    return cols
 
 
 def _parse_shapes(spec: str) -> list[tuple[int, int, bool]]:

@@ -6,8 +6,10 @@ After ``commit_len`` window tokens are accepted the cache must hold exactly the 
 ``commit_len`` steps. ``SpecStateStore`` is the ``VerifyRecorder`` a verify plan carries
 (``glmlab.model.plan``); per state slot it keeps
 
-- the conv window ``[C, W-1+D]``: the held W-1 conv inputs, then the window's D inputs; the state
-  after c steps is columns c .. c+W-2 (sglang keeps a per-step copy, ``intermediate_conv_window``);
+- the conv window ``[W-1+D, C]``: the held W-1 conv inputs, then the window's D inputs; the state
+  after c steps is rows c .. c+W-2 (sglang keeps a per-step copy, ``intermediate_conv_window``).
+  Time-major, so the window's inputs (token rows of the projection) land in one contiguous copy
+  and only the W-1 held columns are transposed;
 - the indexer rows ``[kpool-1+D, 2*DI]`` per DSA layer: the held tail rows, then the window's rows;
   the tail after c steps is the rows of the pool that is incomplete at the committed length;
 - the KDA recurrence in ``REPLAY`` (ring of step inputs) or ``SNAPSHOT`` (post-step states) mode.
@@ -30,7 +32,7 @@ import torch
 
 from glmlab.cache.storage import ModelCache
 from glmlab.config import ModelConfig
-from glmlab.speculative.replay import CommitMode, ReplayRing, StateSnapshots
+from glmlab.speculative.replay import CommitMode, ReplayRing, StateSnapshots, put_rows
 
 
 class SpecStateStore:
@@ -45,7 +47,7 @@ class SpecStateStore:
                                       device=device)
         if num_state_slots is None:
             self.row_of_slot[:] = torch.arange(num_rows, device=device)
-        self.conv_window = {i: torch.zeros(num_rows, kd.conv_channels, kd.conv_kernel - 1 + width,
+        self.conv_window = {i: torch.zeros(num_rows, kd.conv_kernel - 1 + width, kd.conv_channels,
                                            dtype=act_dtype, device=device) for i in cfg.kda_layers}
         self.index_rows = {i: torch.zeros(num_rows, ds.index_kpool - 1 + width,
                                           2 * ds.index_head_dim, dtype=act_dtype, device=device)
@@ -78,9 +80,10 @@ class SpecStateStore:
                     x: torch.Tensor) -> None:
         n = slots.shape[0]
         d = self._window(x.shape[0], n)
-        window = torch.cat([held.to(x.dtype), x.view(n, d, -1).transpose(1, 2)], dim=2)
         store = self.conv_window[layer]
-        store[self.rows(slots), :, : window.shape[2]] = window.to(store.dtype)
+        window = torch.cat([held.transpose(1, 2).to(store.dtype),
+                            x.view(n, d, -1).to(store.dtype)], dim=1)  # [N, W-1+d, C]
+        put_rows(store, self.rows(slots), window)
 
     def kda_recurrence(self, layer: int, slots: torch.Tensor, q, k, v, g, beta,
                        states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,8 +112,8 @@ class SpecStateStore:
         """``record_index_rows`` for N requests at once, without host lengths: rows
         [N, kpool-1+D, 2*DI] (each request's held rows first), held [N] on the device."""
         r = self.rows(slots)
-        self.index_rows[layer][r, : rows.shape[1]] = rows.to(self.index_rows[layer].dtype)
-        self.index_held[r] = held.to(self.index_held.dtype)
+        put_rows(self.index_rows[layer], r, rows.to(self.index_rows[layer].dtype))
+        self.index_held.index_copy_(0, r, held.to(self.index_held.dtype))
 
     def record_index_rows(self, layer: int, slot: torch.Tensor, held: int,
                           rows: torch.Tensor) -> None:
@@ -129,11 +132,12 @@ class SpecStateStore:
         if bool((rows < 0).any()):
             raise ValueError(f"state slots without a speculative row: {slots[rows < 0].tolist()}")
         w1 = self.cfg.kda.conv_kernel - 1
-        cols = lens[:, None] + torch.arange(w1, device=slots.device)  # [N, W-1]
+        steps = lens[:, None] + torch.arange(w1, device=slots.device)  # [N, W-1]
         for layer in self.cfg.kda_layers:
-            window = self.conv_window[layer][rows]  # [N, C, W-1+D]
-            idx = cols[:, None, :].expand(-1, window.shape[1], -1)
-            cache.conv[layer][slots] = window.gather(2, idx).to(cache.conv[layer].dtype)
+            window = self.conv_window[layer][rows]  # [N, W-1+D, C]
+            idx = steps[:, :, None].expand(-1, -1, window.shape[2])
+            held = window.gather(1, idx).transpose(1, 2)  # [N, C, W-1]
+            cache.conv[layer][slots] = held.to(cache.conv[layer].dtype)
             self.recurrence.commit(layer, cache.recurrent[layer], slots, rows, lens)
         kp = self.cfg.dsa.index_kpool
         end = self.index_held[rows] + lens  # position just past the committed length

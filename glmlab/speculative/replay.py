@@ -62,6 +62,16 @@ def replay_steps(states: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     return s.to(states.dtype)
 
 
+def put_rows(store: torch.Tensor, rows: torch.Tensor, values: torch.Tensor) -> None:
+    """``store[rows, :values.shape[1]] = values``: one ``index_copy_`` (a plain strided copy)
+    when the values fill the store's second dimension, as a full verify window does, instead of
+    an indexed put (several times slower on the GPU at verify width 8 x 132 requests)."""
+    if values.shape[1] == store.shape[1]:
+        store.index_copy_(0, rows, values.to(store.dtype))
+    else:
+        store[rows, : values.shape[1]] = values.to(store.dtype)
+
+
 class ReplayRing:
     """Per-slot ring of the raw per-step KDA inputs of the last verify window (REPLAY mode).
 
@@ -94,11 +104,8 @@ class ReplayRing:
 
     def record(self, layer: int, rows: torch.Tensor, k, v, g, beta) -> None:
         """Store the window's step inputs only (a fused kernel computes the outputs)."""
-        d = k.shape[1]
-        self.k[layer][rows, :d] = k.float()
-        self.g[layer][rows, :d] = g.float()
-        self.v[layer][rows, :d] = v.to(self.v[layer].dtype)
-        self.beta[layer][rows, :d] = beta.to(self.beta[layer].dtype)
+        for store, x in ((self.k, k), (self.g, g), (self.v, v), (self.beta, beta)):
+            put_rows(store[layer], rows, x)
 
     def commit(self, layer: int, recurrent: torch.Tensor, slots: torch.Tensor,
                rows: torch.Tensor, commit_lens: torch.Tensor) -> None:

@@ -17,8 +17,23 @@ unit-tested on the CPU and printed beside benchmark rows. The rule, and why:
   Above 128 rows the activations are quantised once by a separate kernel (re-quantising them in
   every column block would cost as much CUDA-core time as the FP8 dot saves).
 
-``block_k`` is always the 128-channel scale group: one activation scale and one weight scale per
-K step, applied to the step's fp32 partial product.
+- **One token (decode at batch 1): CUDA-core GEMV** (``kind="gemv"``, ``gemv_triton``). At M
+  tokens every weight byte costs M fp32 FMAs plus one E4M3 -> fp32 convert; the H200 does
+  ~33.5 T fp32 FMA/s against 4.8 TB/s of HBM, ~7 operations per byte at the roofline, so on
+  arithmetic alone M <= 4 would fit. Measured on an H200 (4096x16384 and 24576x4096, CUDA
+  graphs, L2 flushed): at M = 1 the GEMV fed E4M3 activations streamed at 0.57-0.67 of HBM,
+  1-4% ahead of the best tensor-core config and ~20% ahead of quantising in its own prologue;
+  at M = 4 it took 2.0-2.3x the tensor-core time (its per-step cross-lane reductions, not the
+  FMAs, are the limit). So the rule takes it at one token only, with the activations quantised
+  beforehand; the tuner times it up to M = 8.
+
+``block_k`` is the 128-channel scale group for the tensor-core kinds: one activation scale and
+one weight scale per K step, applied to the step's fp32 partial product. The GEMV loads
+``block_k`` = 256 or 512 channels per step (wider contiguous weight loads) and applies each
+128-group's scales to that group's partial sum.
+
+``kind="scaled_mm"`` is ``torch._scaled_mm``'s block-wise FP8 GEMM (cuBLASLt, the same recipe;
+``scaled_mm.py``). No rule picks it: a tuned table does, for a shape where it was timed fastest.
 
 **Tuned tables win over the rule.** ``glmlab tune linear-fp8`` times candidate configs on a GPU
 for the (N, K) of a model's FP8 linears at several M and writes
@@ -40,6 +55,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 FORMAT = "glmlab-linear-fp8-configs/1"
 GROUP = 128  # the block-FP8 scale group along K (and the weights' row-block along N)
 SMALL_M = 64  # at or below: swap-AB weight streaming
+GEMV_MAX_M = 1  # at or below: the CUDA-core GEMV (measured; see the module docstring)
+KINDS = ("mma", "gemv", "scaled_mm")
 FUSED_QUANT_MAX_M = 128  # at or below: activations quantised inside the GEMM
 
 
@@ -53,23 +70,56 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 4
     block_k: int = GROUP
+    # "mma": the tensor-core kernel (tile or swap-AB); "gemv": the CUDA-core kernel for a few
+    # tokens; "scaled_mm": torch._scaled_mm. Tables written before kinds existed load as "mma".
+    kind: str = "mma"
 
     def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown GEMM kind {self.kind!r}; want one of {KINDS}")
+        if self.kind == "scaled_mm":
+            # no tiles of its own: fixed placeholders, so that every scaled_mm config is equal
+            if {k: getattr(self, k) for k in _SCALED_MM_FIELDS} != _SCALED_MM_FIELDS:
+                raise ValueError(f"a scaled_mm config has no tiles of its own: {self}")
+            return
+        if self.kind == "gemv":
+            # block_m is a register tile of tokens here; block_k spans whole scale groups
+            if (self.block_m & (self.block_m - 1) or self.block_k % GROUP or self.swap_ab
+                    or self.block_m > 16 or self.block_n < 1 or self.split_k < 1):
+                raise ValueError(f"bad GEMV config {self}")
+            return
         if self.block_k != GROUP:
             raise ValueError(f"block_k must be the FP8 scale group {GROUP}, got {self.block_k}")
         if self.block_m < 16 or self.block_n < 16 or self.split_k < 1:
             raise ValueError(f"bad tile {self}")
 
     def short(self) -> str:
-        kind = "swap" if self.swap_ab else "tile"
+        if self.kind == "scaled_mm":
+            return "scaled_mm"
         q = "q" if self.fuse_quant else ""
+        if self.kind == "gemv":
+            return (f"gemv{q}M{self.block_m}N{self.block_n}K{self.block_k}S{self.split_k}"
+                    f"w{self.num_warps}")
+        kind = "swap" if self.swap_ab else "tile"
         return (f"{kind}{q}M{self.block_m}N{self.block_n}S{self.split_k}"
                 f"w{self.num_warps}s{self.num_stages}")
 
     def smem_bytes(self, act_bytes: int) -> int:
-        """Shared memory of the pipelined tiles: E4M3 weights + activations as loaded."""
+        """Shared memory of the pipelined tiles: E4M3 weights + activations as loaded (an upper
+        bound for the GEMV, whose loads Triton may keep in registers; 0 for ``scaled_mm``)."""
+        if self.kind == "scaled_mm":
+            return 0
         a = act_bytes if self.fuse_quant else 1
         return self.num_stages * (self.block_n + self.block_m * a) * self.block_k
+
+
+_SCALED_MM_FIELDS = dict(block_m=16, block_n=16, split_k=1, swap_ab=False, fuse_quant=False,
+                         num_warps=4, num_stages=1, block_k=GROUP)
+
+
+def scaled_mm_config() -> GemmConfig:
+    """The ``kind="scaled_mm"`` config (cuBLASLt picks its own tiles)."""
+    return GemmConfig(**_SCALED_MM_FIELDS, kind="scaled_mm")
 
 
 def _pow2_at_least(x: int, lo: int) -> int:
@@ -98,7 +148,7 @@ def choose_config(m: int, n: int, k: int, num_sms: int = H200_SMS,
 
     Example:
         >>> choose_config(1, 8192, 4096).short()
-        'swapqM16N128S8w4s4'
+        'gemvM1N16K512S2w4'
     """
     if min(m, n, k) < 1:
         raise ValueError(f"empty GEMM {m}x{n}x{k}")
@@ -110,6 +160,8 @@ def choose_config(m: int, n: int, k: int, num_sms: int = H200_SMS,
 
 def rule_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
     """The untuned rule alone (what ``choose_config`` falls back to)."""
+    if m <= GEMV_MAX_M:
+        return gemv_rule(m, n, k, num_sms)
     if m <= SMALL_M:
         block_m = _pow2_at_least(m, 16)
         block_n = 128 if -(-n // 128) >= 32 else 64  # keep >= 32 column slabs
@@ -122,6 +174,24 @@ def rule_config(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
     split = _split(tiles, m, k, num_sms, 4)
     return GemmConfig(block_m, 128, split, swap_ab=False, fuse_quant=m <= FUSED_QUANT_MAX_M,
                       num_warps=4 if block_m == 64 else 8, num_stages=4 if block_m == 64 else 3)
+
+
+def gemv_rule(m: int, n: int, k: int, num_sms: int = H200_SMS) -> GemmConfig:
+    """The GEMV for M tokens: 16 weight rows x 512 channels (8 KB of E4M3) per program and step,
+    E4M3 activations quantised beforehand, split-K until the grid holds >= 4 programs per SM
+    (the loads are not software-pipelined, no dot to feed them, so the bytes in flight are the
+    resident programs' steps). Splits stay within the K steps and keep the fp32 partials
+    (8 * split * M * N bytes) under half the weight bytes, as ``_split`` does. On the H200 this
+    was the fastest GEMV at 4096x16384 (M = 1); at 24576x4096 the fastest had 32 rows."""
+    block_k = 512 if k >= 4 * 512 else 256  # wide steps once there are four of them
+    block_n = 16
+    tiles = -(-n // block_n)
+    steps = -(-k // block_k)
+    split = 1
+    while tiles * split < 4 * num_sms and split * 2 <= steps and 2 * split * 16 * m <= k:
+        split *= 2
+    return GemmConfig(_pow2_at_least(m, 1), block_n, split, swap_ab=False, fuse_quant=False,
+                      num_warps=4, num_stages=1, block_k=block_k, kind="gemv")
 
 
 @dataclass(frozen=True)

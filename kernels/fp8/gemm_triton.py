@@ -7,19 +7,22 @@ is one E4M3 dot into fp32, multiplied by the step's activation scale (per row) a
 (per 128-row block of W) and added to an fp32 accumulator. The output is rounded once to the
 output dtype; an optional residual is added after that rounding (the unfused ``linear + add``).
 
-Two program shapes (``gemm_configs.GemmConfig``; the kernel knows nothing about how one was
-chosen):
+Program kinds (``gemm_configs.GemmConfig``; the kernels know nothing about how one was chosen):
 
-- tile: an output tile [block_m tokens, block_n columns];
+- tile: an output tile [block_m tokens, block_n columns] on the tensor cores;
 - swap-AB: the same tile computed transposed, C^T = W X^T, so that weight rows are the dot's M
-  side (wgmma needs 64) when only a few tokens are there: the small-M path that streams W.
+  side (wgmma needs 64) when only a few tokens are there: the small-M path that streams W;
+- gemv (``gemv_triton``): the same stream on the CUDA cores for one to four tokens;
+- scaled_mm (``scaled_mm``): ``torch._scaled_mm``'s block-wise cuBLASLt GEMM, where a tuned
+  table found it fastest.
 
-Either may split K over ``split_k`` programs. Each writes its fp32 partial to a workspace, then
-takes a ticket from a per-tile counter; the program that draws the last ticket adds the partials
-in split order (deterministic: bit-identical every run and inside a CUDA graph), applies the
-epilogue and resets the counter to zero for the next launch. No host synchronisation, no
-data-dependent shapes. The counters are one persistent int32 buffer per device, so two split-K
-launches must not run concurrently on different streams (``kernels/fused/tickets.py``).
+The Triton kinds may split K over ``split_k`` programs. Each writes its fp32 partial to a
+workspace, then takes a ticket from a per-tile counter; the program that draws the last ticket
+adds the partials in split order (deterministic: bit-identical every run and inside a CUDA
+graph), applies the epilogue (``finish_tile``, shared by both Triton kernels) and resets the
+counter to zero for the next launch. No host synchronisation, no data-dependent shapes. The
+counters are one persistent int32 buffer per device, so two split-K launches must not run
+concurrently on different streams (``kernels/fused/tickets.py``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
-from glmlab.kernels.fp8 import interpret_casts
-from glmlab.kernels.fp8.gemm_configs import GROUP, GemmConfig, cached_table, choose_config
+from glmlab.kernels.fp8 import interpret_casts, scaled_mm
+from glmlab.kernels.fp8.gemm_configs import (
+    GROUP,
+    GemmConfig,
+    cached_table,
+    choose_config,
+    rule_config,
+)
 from glmlab.kernels.fp8.quant_triton import INV_FP8_MAX, group_scale, quant_act_fp8_triton
 from glmlab.kernels.fp8.ref import FP8, FP8_MAX
 from glmlab.kernels.fused.tickets import ticket_counters
@@ -87,18 +96,30 @@ def _linear_fp8_kernel(
             acc += tl.dot(a, tl.trans(b)) * a_s[:, None] * b_s[None, :]
     if SWAP_AB:
         acc = tl.trans(acc)  # [BM, BN]
-    out_ok = m_ok[:, None] & n_ok[None, :]
+    finish_tile(acc, tile, offs_m, offs_n, M, N, c_ptr, res_ptr, ws_ptr, ticket_ptr, stride_cm,
+                stride_rm, HAS_RES, SPLIT_K, BM, BN)
+
+
+@triton.jit
+def finish_tile(acc, tile, offs_m, offs_n, M, N, c_ptr, res_ptr, ws_ptr, ticket_ptr, stride_cm,
+                stride_rm, HAS_RES: tl.constexpr, SPLIT_K: tl.constexpr, BM: tl.constexpr,
+                BN: tl.constexpr):
+    """Split-K reduction and epilogue of one [BM, BN] fp32 output tile (every program kind of
+    ``linear_fp8`` ends here, so they reduce and round identically)."""
+    out_ok = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     mn = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     if SPLIT_K > 1:
         tl.store(ws_ptr + tl.program_id(1).to(tl.int64) * M * N + mn, acc, mask=out_ok)
         tl.debug_barrier()  # every thread's partial is written before the ticket is taken
         ticket = tl.atomic_add(ticket_ptr + tile, 1, sem="acq_rel")
-        if ticket != SPLIT_K - 1:
-            return
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for s in range(SPLIT_K):  # fixed order: the same bits however the programs were timed
-            acc += tl.load(ws_ptr + s * M * N + mn, mask=out_ok, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(ticket_ptr + tile, 0)  # ready for the next launch (and graph replay)
+        last = ticket == SPLIT_K - 1
+        if last:
+            acc = tl.zeros([BM, BN], dtype=tl.float32)
+            for s in range(SPLIT_K):  # fixed order: the same bits however the programs ran
+                acc += tl.load(ws_ptr + s * M * N + mn, mask=out_ok, other=0.0,
+                               cache_modifier=".cg")
+            tl.atomic_xchg(ticket_ptr + tile, 0)  # ready for the next launch (and graph replay)
+        out_ok = out_ok & last  # the other programs' masked epilogue touches no memory
     y = acc.to(c_ptr.dtype.element_ty)
     if HAS_RES:
         r = tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * stride_rm + offs_n[None, :],
@@ -129,8 +150,10 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         block: the weight's scale block; (128, 128) as published (bn may be any multiple of 16).
         residual: [M, N] added after the product is rounded to the output dtype.
         out_dtype: default x.dtype (bf16 when x is E4M3).
-        config: tiles; default ``choose_config(M, N, K)``. A config without ``fuse_quant`` makes
-            this call quantise x first (``quant_act_fp8_triton``) when x is not E4M3 already.
+        config: kind and tiles; default ``choose_config(M, N, K)`` (a tuned ``scaled_mm`` pick
+            that this call cannot take falls back to the rule). A config without
+            ``fuse_quant`` makes this call quantise x first (``quant_act_fp8_triton``) when x
+            is not E4M3 already.
     Returns:
         [M, N] in ``out_dtype``.
 
@@ -155,6 +178,12 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     if not x.is_cuda:
         interpret_casts.install()
     cfg = config or choose_config(m, n, k, table=cached_table(_device_name(x.device)))
+    refused = scaled_mm.unsupported_reason(n, k, block, x.device, out_dtype) \
+        if cfg.kind == "scaled_mm" else None
+    if refused and config is None:  # a table entry for a call it cannot take: the rule's pick
+        cfg = rule_config(m, n, k)
+    elif refused:
+        raise ValueError(refused)
     if x.dtype != FP8 and not cfg.fuse_quant:
         x, x_scale = quant_act_fp8_triton(x, GROUP)
     a_fp8 = x.dtype == FP8
@@ -166,6 +195,8 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     x_scale = x_scale.contiguous() if a_fp8 else None
     if residual is not None and (tuple(residual.shape) != (m, n) or residual.stride(-1) != 1):
         raise ValueError(f"residual must be a row-major [{m}, {n}] tensor")
+    if cfg.kind == "scaled_mm":
+        return scaled_mm.scaled_mm_fp8(x, x_scale, weight, weight_scale, out_dtype, residual)
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:
         ws = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device)
@@ -174,12 +205,18 @@ def linear_fp8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
         ws = tickets = out
     xs = x_scale if a_fp8 else out
     res = residual if residual is not None else out
-    _linear_fp8_kernel[(tiles, cfg.split_k)](
+    if cfg.kind == "gemv":
+        from glmlab.kernels.fp8 import gemv_triton  # here: it imports finish_tile from this module
+
+        kernel, shape = gemv_triton._gemv_fp8_kernel, dict(GROUP_K=GROUP)
+    else:
+        kernel, shape = _linear_fp8_kernel, dict(SWAP_AB=cfg.swap_ab)
+    kernel[(tiles, cfg.split_k)](
         x, xs, weight, weight_scale, out, res, ws, tickets,
         m, n, k, x.stride(0), xs.stride(0) if a_fp8 else 0, weight.stride(0),
         weight_scale.stride(0), out.stride(0), res.stride(0) if residual is not None else 0,
-        A_FP8=a_fp8, HAS_RES=residual is not None, SWAP_AB=cfg.swap_ab, SPLIT_K=cfg.split_k,
+        A_FP8=a_fp8, HAS_RES=residual is not None, SPLIT_K=cfg.split_k,
         SCALE_BY_RECIPROCAL=x.is_cuda, FP8_MAX_C=FP8_MAX, INV_FP8_MAX_C=INV_FP8_MAX,
-        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_N=block[0],
+        BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_N=block[0], **shape,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

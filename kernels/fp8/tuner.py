@@ -1,12 +1,15 @@
 """Tuning the block-FP8 dense GEMM: time candidate tile configs per (M, N, K), keep the fastest.
 
 ``candidates(m, n, k)`` is the search space (a pure function, printable and tested on the CPU):
-swap-AB weight streaming with and without split-K for small M, classic output tiles for larger
-M, activations quantised in the GEMM's prologue or once beforehand, every candidate within the
-H200's shared memory. ``tune_shape`` times each with the caller's timer (CUDA-graph replays with
-an L2 flush on the GPU: the weights come from HBM each call, as in a layer-by-layer forward),
-checks the fastest against ``ref.linear_fp8_ref`` and returns every timing, so a report can show
-the tuned pick beside the rule's and beside a library GEMM of the same recipe. The timed call
+swap-AB weight streaming with and without split-K for small M, the CUDA-core GEMV beside it for
+M <= 8, classic output tiles for larger M, activations quantised in the GEMM's prologue or once
+beforehand, every candidate within the H200's shared memory, and ``torch._scaled_mm``'s
+block-wise GEMM as a peer at every M (a call this torch or GPU refuses is recorded as failed,
+with torch's message, like a Triton config that does not compile). ``tune_shape`` times each
+with the caller's timer (CUDA-graph replays with an L2 flush on the GPU: the weights come from
+HBM each call, as in a layer-by-layer forward), checks the fastest against
+``ref.linear_fp8_ref`` and returns every timing, so a report can show the tuned pick beside the
+rule's and beside a library GEMM of the same recipe. The timed call
 includes the activation quantisation when a config does it separately: that is the work a
 forward pays. Knows nothing about models; the caller names the shapes.
 """
@@ -18,7 +21,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from glmlab.kernels.fp8.gemm_configs import GROUP, SMALL_M, GemmConfig, rule_config
+from glmlab.kernels.fp8.gemm_configs import (
+    GROUP,
+    H200_SMS,
+    SMALL_M,
+    GemmConfig,
+    rule_config,
+    scaled_mm_config,
+)
 from glmlab.kernels.fp8.gemm_triton import linear_fp8
 from glmlab.kernels.fp8.ref import (
     dequant_block_fp8,
@@ -29,6 +39,9 @@ from glmlab.kernels.fp8.ref import (
 from glmlab.kernels.moe.configs import SMEM_LIMIT  # one sm_90 budget for every tile rule
 
 MAX_REL_ERR = 1e-2  # relative RMS vs the reference: Hopper's FP8 accumulation is ~1e-4 off
+GEMV_TUNE_MAX_M = 8  # the rule stops the GEMV at 4 tokens on arithmetic; the tuner measures 8
+# (block_n, block_k, num_warps) of the GEMV candidates: 8..32 KB of weights per program step
+GEMV_TILES = ((16, 256, 4), (16, 512, 4), (32, 512, 4), (32, 512, 8), (64, 512, 8))
 
 
 def candidates(m: int, n: int, k: int, act_bytes: int = 2) -> list[GemmConfig]:
@@ -63,13 +76,35 @@ def candidates(m: int, n: int, k: int, act_bytes: int = 2) -> list[GemmConfig]:
         if small:  # tokens on the dot's N side, up to 128 of them per program
             out += [GemmConfig(128, bn, split, swap_ab=True, fuse_quant=False)
                     for bn in (64, 128) for split in splits[:2]]
+    if m <= GEMV_TUNE_MAX_M:
+        out += gemv_candidates(m, n, k)
     out.append(rule_config(m, n, k))
+    if n % GROUP == 0 and k % GROUP == 0:
+        out.append(scaled_mm_config())
     seen, kept = set(), []
     for c in out:
         if c not in seen and c.smem_bytes(act_bytes) <= SMEM_LIMIT:
             seen.add(c)
             kept.append(c)
     return kept
+
+
+def gemv_candidates(m: int, n: int, k: int, num_sms: int = H200_SMS) -> list[GemmConfig]:
+    """The GEMV configs worth timing: ``GEMV_TILES`` x both quantisation placements x the two
+    smallest splits that give >= 4 programs per SM (the loads are not pipelined, so resident
+    programs are what keeps bytes in flight), within the K steps and the partials bound."""
+    bm = 1
+    while bm < m:
+        bm *= 2
+    out = []
+    for bn, bk, warps in GEMV_TILES:
+        tiles = -(-n // bn)
+        splits = [s for s in (1, 2, 4, 8, 16) if s <= -(-k // bk) and 2 * s * 16 * m <= k]
+        fill = [s for s in splits if tiles * s >= 4 * num_sms]
+        for split in fill[:2] or splits[-1:]:
+            out += [GemmConfig(bm, bn, split, swap_ab=False, fuse_quant=fuse, num_warps=warps,
+                               num_stages=1, block_k=bk, kind="gemv") for fuse in (True, False)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -93,6 +128,15 @@ class ShapeResult:
 
     def time_of(self, config: GemmConfig) -> float | None:
         return next((t.us for t in self.timings if t.config == config), None)
+
+    def best_of(self, kind: str) -> Timing | None:
+        """The fastest candidate of one ``GemmConfig.kind`` (timings are sorted by time, apart
+        from the verified pick moved first)."""
+        return min((t for t in self.timings if t.config.kind == kind), key=lambda t: t.us,
+                   default=None)
+
+    def failure_of(self, config: GemmConfig) -> str | None:
+        return next((f for f in self.failed if f.startswith(f"{config.short()}: ")), None)
 
 
 def problem(m: int, n: int, k: int, device, dtype=torch.bfloat16, seed: int = 0):

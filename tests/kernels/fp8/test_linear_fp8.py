@@ -93,8 +93,8 @@ def test_bad_input_is_rejected():
 
 
 def test_choose_config_rule():
-    small = choose_config(1, 8192, 4096)
-    assert small.swap_ab and small.fuse_quant and small.block_m == 16
+    small = choose_config(5, 8192, 4096)  # above GEMV_MAX_M: the tensor-core weight stream
+    assert small.kind == "mma" and small.swap_ab and small.fuse_quant and small.block_m == 16
     assert (8192 // small.block_n) * small.split_k >= 2 * 132  # two waves of weight slabs
     assert choose_config(64, 8192, 4096).block_m == 64
     big = choose_config(4096, 8192, 4096)
