@@ -1,7 +1,7 @@
 """glmlab.serve: the HTTP service around the Engine, mixed or disaggregated (prefill + decode).
 
 Pieces: ``api`` (FastAPI app: the three generation routes share one path), ``schemas`` (request
-bodies -> one ``GenRequest``), ``responses`` (SGLang / OpenAI answers from the engine's records),
+bodies -> one ``GenRequest``, whose records live in ``genbatch``), ``responses`` (SGLang / OpenAI answers from the engine's records),
 ``errors``; ``worker`` (an ``Engine`` driven on its own thread, ``engine_thread``), ``pd`` (the PD
 protocol), ``prefill`` / ``decode`` (the two PD roles), ``bootstrap`` (pairing by
 ``bootstrap_room``), ``kvplan`` (which cache rows a request sends), ``transfer`` (NIXL WRITE),

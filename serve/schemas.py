@@ -10,6 +10,8 @@ A body is one prompt or a batch (a list of strings or of token-id lists), each s
 times: a ``GenBatch`` of one ``GenRequest`` per prompt. The PD bootstrap fields come as SGLang's
 workers take them (``bootstrap_host/port/room`` each a value or a list, one per prompt x sample;
 a single room with several sub-requests means room + i, as ``io_struct`` normalises them).
+Those records (``GenBatch``, ``GenRequest``, ``GrammarSpec``) and the field conversions the three
+routes share are ``genbatch.py``'s; callers import them from here, next to the bodies.
 
 Validation of values (temperature range, penalties...) is the engine's (``SamplingParams``, then
 ``Engine.add_request`` for the prompt), so HTTP and ``LLM`` accept and reject the same things.
@@ -18,15 +20,23 @@ This module knows request shapes only: no tokenizer, no engine, no HTTP.
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from glmlab.core import InvalidRequest, SamplingParams
+from glmlab.core import SamplingParams
 from glmlab.serve.errors import RequestError
+from glmlab.serve.genbatch import (
+    GenBatch,
+    GenRequest,
+    GrammarSpec,
+    bootstraps,
+    grammar_of,
+    listify,
+    params,
+    reject_unsupported,
+)
 
 Ids = list[int]
 
@@ -165,146 +175,6 @@ class ChatBody(_OpenAIBody):
     continue_final_message: bool = False
 
 
-# ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Bootstrap:
-    host: str
-    port: int
-    room: int
-
-
-@dataclass(frozen=True)
-class GrammarSpec:
-    """A constraint on the output: compiled once per (kind, source) by ``glmlab.grammar``."""
-
-    kind: Literal["json_object", "json_schema", "regex", "ebnf", "structural_tag"]
-    source: str = ""
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    """One prompt (text or ids) and how to continue it: the engine's ``SamplingParams`` (which
-    say ``n``, logprobs and which text), a grammar, and one bootstrap per sample in PD."""
-
-    rid: str
-    text: str | None
-    input_ids: tuple[int, ...] | None
-    params: SamplingParams
-    stream: bool
-    bootstrap: Bootstrap | None
-    grammar: GrammarSpec | None = None
-    bootstraps: tuple[Bootstrap | None, ...] = ()  # per sample (n > 1), else (bootstrap,)
-    compiled: object | None = field(default=None, compare=False)  # serve/grammar.py
-
-    def matcher(self):
-        """A fresh grammar matcher for the engine (None without a constraint)."""
-        return None if self.compiled is None else self.compiled.matcher()
-
-    @property
-    def return_logprob(self) -> bool:
-        return self.params.logprobs is not None
-
-
-@dataclass(frozen=True)
-class GenBatch:
-    """Everything one body asks: its prompts (each ``params.n`` samples) and how to show them."""
-
-    requests: tuple[GenRequest, ...]
-    batched: bool  # the body gave a list of prompts (or n > 1 on /generate): answer a list
-    stream: bool
-    top_logprobs: int = 0  # alternatives shown per token
-    echo: bool = False  # completions: the prompt is part of the text (and of the logprobs)
-    logprob_texts: bool = False  # /generate return_text_in_logprobs
-    extra: dict = field(default_factory=dict)  # route-specific (chat: tools, reasoning)
-
-    @property
-    def n(self) -> int:
-        return self.requests[0].params.n
-
-
-def _unsupported(name: str, value, default) -> None:
-    if value != default and value is not None:
-        raise RequestError(f"{name}={value!r} is not supported by glmlab (only {default!r})",
-                           param=name)
-
-
-def _listify(value, num: int, name: str, step: bool = False) -> list:
-    if not isinstance(value, list):
-        return [value + i if step else value for i in range(num)]
-    if len(value) != num:
-        raise RequestError(f"{name} lists {len(value)} values for {num} sub-requests",
-                           param=name)
-    return list(value)
-
-
-def bootstraps(body, num: int) -> list[Bootstrap | None]:
-    """One bootstrap per sub-request (prompt-major, then sample), normalised as SGLang's
-    workers do; all None outside PD."""
-    host, port, room = body.bootstrap_host, body.bootstrap_port, body.bootstrap_room
-    if host is None and port is None and room is None:
-        return [None] * num
-    if host is None or room is None:
-        raise RequestError("bootstrap_host and bootstrap_room must come together",
-                           param="bootstrap_room")
-    if port is None:
-        raise RequestError("bootstrap_port is null: start the router with the prefill's "
-                           "bootstrap port (--prefill URL PORT)", param="bootstrap_port")
-    rooms = _listify(room, num, "bootstrap_room", step=True)
-    if any(r < 0 for r in rooms):
-        raise RequestError("bootstrap_room must be >= 0", param="bootstrap_room")
-    return [Bootstrap(h, p, r) for h, p, r in zip(_listify(host, num, "bootstrap_host"),
-                                                  _listify(port, num, "bootstrap_port"), rooms,
-                                                  strict=True)]
-
-
-def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
-    return (stop,) if isinstance(stop, str) else tuple(stop or ())
-
-
-def _bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
-    out = []
-    for key, value in (bias or {}).items():
-        try:
-            out.append((int(key), float(value)))
-        except ValueError:
-            raise RequestError(f"logit_bias keys must be token ids, got {key!r}",
-                               param="logit_bias") from None
-    return tuple(out)
-
-
-def params(**kw) -> SamplingParams:
-    kw["stop"] = _stops(kw.get("stop"))
-    kw["stop_token_ids"] = tuple(kw.get("stop_token_ids") or ())
-    kw["logit_bias"] = _bias(kw.get("logit_bias"))
-    try:
-        return SamplingParams(**kw)
-    except InvalidRequest as e:
-        raise RequestError(str(e), param=e.field) from e
-
-
-def grammar_of(regex=None, json_schema=None, ebnf=None, structural_tag=None,
-               response_format: dict | None = None) -> GrammarSpec | None:
-    given = [(k, v) for k, v in (("regex", regex), ("json_schema", json_schema), ("ebnf", ebnf),
-                                 ("structural_tag", structural_tag)) if v is not None]
-    fmt = (response_format or {}).get("type", "text")
-    if fmt == "json_object":
-        given.append(("json_object", ""))
-    elif fmt == "json_schema":
-        spec = response_format.get("json_schema") or {}
-        schema = spec.get("schema", spec.get("schema_"))
-        if not isinstance(schema, dict):
-            raise RequestError("response_format json_schema needs json_schema.schema (an "
-                               "object)", param="response_format")
-        given.append(("json_schema", json.dumps(schema)))
-    elif fmt not in ("text", None):
-        raise RequestError(f"response_format type {fmt!r}: choose text, json_object or "
-                           "json_schema", param="response_format")
-    if len(given) > 1:
-        raise RequestError(f"at most one constraint per request, got {[k for k, _ in given]}",
-                           param=given[1][0])
-    return GrammarSpec(*given[0]) if given else None
-
-
 def _rid(rid: str | None) -> str:
     return rid or uuid.uuid4().hex
 
@@ -337,7 +207,7 @@ def _batch(prompts: list, batched: bool, p: SamplingParams, body, stream: bool,
 def from_generate(body: GenerateBody) -> GenBatch:
     prompts, batched = _prompts(body.text, body.input_ids, "text")
     sp = body.sampling_params
-    _unsupported("custom_params", sp.custom_params, None)
+    reject_unsupported("custom_params", sp.custom_params, None)
     if body.top_logprobs_num < 0:
         raise RequestError("top_logprobs_num must be >= 0", param="top_logprobs_num")
     p = params(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k, min_p=sp.min_p,
@@ -353,7 +223,7 @@ def from_generate(body: GenerateBody) -> GenBatch:
                                      and body.logprob_start_len >= 0 else None))
     rids = None
     if isinstance(body.rid, list):
-        rids = _listify(body.rid, len(prompts), "rid")
+        rids = listify(body.rid, len(prompts), "rid")
     elif body.rid is not None and batched:
         rids = [f"{body.rid}-{i}" for i in range(len(prompts))]
     grammar = grammar_of(sp.regex, sp.json_schema, sp.ebnf, sp.structural_tag)
@@ -380,7 +250,7 @@ def from_completion(body: CompletionBody) -> GenBatch:
         prompts, batched = [prompt if isinstance(prompt, str) else tuple(prompt)], False
     if any(len(p) == 0 for p in prompts if not isinstance(p, str)):
         raise RequestError("prompt is empty", param="prompt")
-    _unsupported("suffix", body.suffix, None)
+    reject_unsupported("suffix", body.suffix, None)
     if body.best_of not in (None, body.n):
         raise RequestError(f"best_of={body.best_of} is not supported (only best_of = n)",
                            param="best_of")

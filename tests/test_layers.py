@@ -34,7 +34,7 @@ LAYERS = {  # module prefix -> layer; the longest prefix wins
     "glmlab.core": 1, "glmlab.config": 1, "glmlab.env": 1, "glmlab.extras": 1,
     "glmlab.presets": 1, "glmlab.tokenizer": 1, "glmlab.cliargs": 1, "glmlab.model": 1,
     "glmlab.checkpoint": 1, "glmlab.testing": 1, "glmlab.cache.storage": 1,
-    "glmlab.sampling": 1, "glmlab.grammar": 1,
+    "glmlab.sampling": 1, "glmlab.sampling_params": 1, "glmlab.grammar": 1,
     "glmlab.cache": 2, "glmlab.trace.events": 2, "glmlab.trace.tracer": 2, "glmlab.trace": 2,
     "glmlab.speculative": 3,
     "glmlab.engine": 4,

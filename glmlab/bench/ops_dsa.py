@@ -23,6 +23,9 @@ every row its own list over one ``prefill_context``-token context (random, with 
 Every case is guarded: a variant that fails to build or run writes an ``error`` row and the run
 goes on. With ``--out`` each row is appended (stamped, ``glmlab.bench.ops.write_rows``) as soon as
 it is measured.
+
+Beside this module: ``ops_dsa_workload`` (index widths, workloads, torch reference, timer,
+ceilings), ``ops_dsa_indexer`` (the indexer's rows) and ``ops_dsa_views`` (the notebook's views).
 """
 
 from __future__ import annotations
@@ -47,6 +50,17 @@ from glmlab.bench.ops_dsa_views import (  # noqa: E402, F401
     selection_figure,
     variant_speedups,
 )
+from glmlab.bench.ops_dsa_workload import (
+    INDEX_WIDTH,
+    PADDED_WIDTH,
+    RANK,
+    SCALE,
+    TIMING,
+    make_workload,
+    measure_ceilings,
+    time_us,
+    torch_reference,
+)
 from glmlab.kernels.dsa.dispatch import (
     ALL_SCHEDULES,
     GpuArch,
@@ -57,10 +71,7 @@ from glmlab.kernels.dsa.dispatch import (
     tile_iterations,
 )
 from glmlab.kernels.dsa.layout import KVFormat, MlaKVLayout
-from glmlab.kernels.dsa.ref import sparse_mla_ref
 
-INDEX_WIDTH, PADDED_WIDTH, RANK, SCALE = 2051, 2112, 512, 256**-0.5
-TIMING = {"warmup": "25 ms (5 ms --quick)", "repetitions": "100 ms (25 ms --quick), median"}
 CHECK_ROWS = 64  # rows compared with the torch reference in every case
 
 
@@ -98,13 +109,6 @@ def _shapes(s: str) -> list[tuple[int, int]]:
     return [tuple(int(v) for v in x.split("x")) for x in s.split(",") if x]
 
 
-def _time_us(fn, quick: bool) -> float:
-    import triton.testing
-
-    warm, rep = (5, 25) if quick else (25, 100)
-    return float(triton.testing.do_bench(fn, warmup=warm, rep=rep, return_mode="median")) * 1e3
-
-
 class Sink:
     """Rows kept for the caller and, with an output folder, appended to it at once."""
 
@@ -120,64 +124,6 @@ class Sink:
             from glmlab.bench.ops import write_rows
 
             write_rows([row], self.out, "dsa", **TIMING)
-
-
-# ---------------------------------------------------------------------------------- ceilings
-def measure_ceilings(quick: bool = False) -> dict:
-    """HBM copy bandwidth (read + write) and dense bf16 / fp8 matmul rates, measured now."""
-    n = 1 << 30
-    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(
-        n, dtype=torch.uint8, device="cuda")
-    src.random_(0, 255)
-    copy_us = _time_us(lambda: dst.copy_(src), quick)
-    m = 8192
-    a = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
-    bf16_us = _time_us(lambda: a @ b, quick)
-    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
-    one = torch.ones((), device="cuda")
-    fp8_us = _time_us(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16), quick)
-    flops = 2.0 * m**3
-    return {"ceiling_hbm_tbps": 2 * n / copy_us / 1e6, "ceiling_bf16_tflops": flops / bf16_us / 1e6,
-            "ceiling_fp8_tflops": flops / fp8_us / 1e6}
-
-
-# ---------------------------------------------------------------------------------- workload
-def make_workload(rows: int, heads: int, context: int, rows_per_request: int, seed: int = 0,
-                  prefill_context: int = 0):
-    """bf16 queries [M, H, R], fp32 latent [N, R], [M, 2112] int32 slots (-1 past 2051).
-
-    ``prefill_context`` > 0: one context of that many tokens, every row its own random list.
-    Otherwise requests of ``rows_per_request`` rows share one list over a private context.
-    """
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    idx = torch.full((rows, PADDED_WIDTH), -1, dtype=torch.int32, device="cuda")
-    if prefill_context:
-        latent = torch.randn(prefill_context, RANK, device="cuda", generator=g)
-        idx[:, :INDEX_WIDTH] = torch.randint(0, prefill_context, (rows, INDEX_WIDTH),
-                                             device="cuda", generator=g, dtype=torch.int32)
-        unique_rows = min(prefill_context, rows * INDEX_WIDTH)
-    else:
-        requests = -(-rows // rows_per_request)
-        latent = torch.randn(requests * context, RANK, device="cuda", generator=g)
-        picks = torch.rand(requests, context - 3, device="cuda", generator=g).argsort(dim=1)
-        pos = torch.cat([picks[:, : INDEX_WIDTH - 3],
-                         torch.arange(context - 3, context, device="cuda").expand(requests, 3)], 1)
-        slots = pos + torch.arange(requests, device="cuda")[:, None] * context
-        idx[:, :INDEX_WIDTH] = slots.repeat_interleave(rows_per_request, 0)[:rows].to(torch.int32)
-        unique_rows = requests * INDEX_WIDTH
-    q = torch.randn(rows, heads, RANK, device="cuda", generator=g, dtype=torch.bfloat16)
-    return q, latent, idx, unique_rows
-
-
-def torch_reference(q, kv, layout: MlaKVLayout, idx) -> torch.Tensor:
-    """The torch path of the model's backend: gather, dequantise, ``sparse_mla_ref``, in chunks."""
-    out, step = [], max(1, (1 << 25) // (idx.shape[1] * RANK))
-    for s in range(0, q.shape[0], step):
-        i = idx[s:s + step].long()
-        rows = layout.unpack(kv[i.clamp(min=0).flatten()]).view(*i.shape, RANK)
-        out.append(sparse_mla_ref(q[s:s + step], rows, i >= 0, SCALE))
-    return torch.cat(out)
 
 
 # ---------------------------------------------------------------------------------- variants
@@ -232,7 +178,7 @@ def _our_case(sm, q2, kv, lay, idx, cfg, quick):
         return sm.sparse_mla_combine(po, pl)[0]
 
     out = call()[:CHECK_ROWS].clone()
-    return out, _time_us(call, quick)
+    return out, time_us(call, quick)
 
 
 def _sglang_case(peer_mod, q, kv_peer, idx, quick):
@@ -241,7 +187,7 @@ def _sglang_case(peer_mod, q, kv_peer, idx, quick):
     qp = q if kv_peer.dtype == torch.bfloat16 else q.to(kv_peer.dtype)  # sglang casts q itself
     call = lambda: sglang_sparse_fwd(peer_mod, qp, kv_peer, idx, SCALE)
     out = call()[0, :CHECK_ROWS].float()
-    return out, _time_us(call, quick)
+    return out, time_us(call, quick)
 
 
 def _row(base: dict, variant: str, us: float, err: float, groups: int, lay, unique_rows: int,
@@ -405,7 +351,7 @@ def run(argv: list[str]) -> list[dict]:
         for m in _ints(args.indexer_rows):
             from glmlab.bench.ops_dsa_indexer import bench_indexer
 
-            bench_indexer(m, args.quick, ceilings, sink, _time_us, _err)
+            bench_indexer(m, args.quick, ceilings, sink, time_us, _err)
     bench_sparse_mla(args, ceilings, arch, sink)
     return sink.rows
 
