@@ -77,8 +77,10 @@ def _inputs(n_seq, n, heads, d, state_dtype, seed):
     return q, k, v, gg, beta, state, slot_sets, gate, nw
 
 
-def _time(kda_window, inputs, store, method, bv) -> tuple[float, torch.Tensor]:
-    """(median us of the step rotating over the slot sets, the output of one call)."""
+def _time(kda_window, inputs, pristine, store, method, bv) -> tuple[float, torch.Tensor]:
+    """(median us of the step rotating over the slot sets, the output of one call from the
+    ``pristine`` states: the timed calls of a storing case move ``state`` on, so every variant's
+    output must start from the same copy for their difference to mean anything)."""
     q, k, v, g, beta, state, slot_sets, gate, nw = inputs
     rotate = itertools.cycle(slot_sets)
 
@@ -86,7 +88,7 @@ def _time(kda_window, inputs, store, method, bv) -> tuple[float, torch.Tensor]:
         return kda_window(q, k, v, g, beta, state, next(rotate), gate, nw, 1e-5, store,
                           block_v=bv, method=method)
 
-    out = kda_window(q, k, v, g, beta, state.clone(), slot_sets[0], gate, nw, 1e-5, store,
+    out = kda_window(q, k, v, g, beta, pristine.clone(), slot_sets[0], gate, nw, 1e-5, store,
                      block_v=bv, method=method)
     return bench_us(step, warmup=25, rep=100), out
 
@@ -107,13 +109,14 @@ def run(argv: list[str]) -> list[dict]:
     for n_seq, n in _cases(args.cases):
         store = n == 1
         inputs = _inputs(n_seq, n, heads, d, sdt, args.seed)
+        pristine = inputs[5].clone()
         variants = [("recurrent", value_block(d, d, n_seq, heads))]
         variants += [("chunk", chunk_value_block(d, d) if bv == "auto" else int(bv))
                      for bv in args.chunk_block_v.split(",")]
         nbytes = window_bytes(n_seq, n, heads, d, d, sdt.itemsize, store)
         base_us = base_out = None
         for method, bv in variants:
-            us, out = _time(kda_window, inputs, store, method, bv)
+            us, out = _time(kda_window, inputs, pristine, store, method, bv)
             if base_us is None:
                 base_us, base_out = us, out
             row = {"op": "kda-window", "gpu": gpu, "seqs": n_seq, "n": n, "heads": heads,

@@ -142,9 +142,9 @@ class _Out:
 def bandwidth(device: str) -> float | None:
     """HBM bytes/s of a device copy (GPU), or of a CPU copy (the rehearsal's roofline)."""
     if device.startswith("cuda"):
-        from glmlab.bench.ops_decode import hbm_bandwidth
+        from glmlab.kernels.moe.timing import measure_ceilings
 
-        return hbm_bandwidth(device)
+        return measure_ceilings()["hbm_copy_tbs"] * 1e12
     src = torch.randn(1 << 24)
     dst = torch.empty_like(src)
     t = time.perf_counter()

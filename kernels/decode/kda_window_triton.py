@@ -86,14 +86,19 @@ def value_block(dk: int, dv: int, n_seq: int, heads: int, num_sms: int = 132) ->
 
 def window_method(n: int, method: str | None = None, dk: int = 128,
                   block_v: int | None = None) -> str:
-    """The kernel for a window of n tokens: the step-by-step recurrence for decode (n = 1), the
-    chunk (matrix) form on tensor cores for verify windows of 2..16 (``chunk.ROWS``) whose
-    tiles suit tl.dot (K and the value block >= 16)."""
+    """The kernel for a window of n tokens: the step-by-step recurrence unless ``method`` asks
+    for the chunk (matrix) form. The chunk form was written for verify windows (2..16 tokens on
+    tensor cores) but measured slower on the H200 at real width (64 heads of 128 x 128, fp32
+    state, ``--op kda-window``, commit e8c7e4e): 132 x 8 took 974-1,284 us against the
+    recurrence's 688 us, 16 x 8 133-171 us against 98 us (``data/bench/kda_window.jsonl``). It
+    stays selectable, tested against the reference, for the next attempt at its schedule."""
     if method is None:
-        fits = dk >= 16 and (block_v is None or block_v >= 16)
-        return "chunk" if 2 <= n <= chunk.ROWS and fits else "recurrent"
+        return "recurrent"
     if method not in ("recurrent", "chunk"):
         raise ValueError(f"method must be 'recurrent' or 'chunk', not {method!r}")
+    if method == "chunk" and (dk < 16 or (block_v is not None and block_v < 16)):
+        raise ValueError(f"the chunk form's dots need K and the value block >= 16 (K={dk}, "
+                         f"block_v={block_v})")
     return method
 
 

@@ -120,15 +120,15 @@ def test_chunk_bf16_state(n, block_v):
     assert torch.allclose(state.float(), ref_state.float(), rtol=2**-7, atol=1e-6)
 
 
-def test_dispatch_chunk_for_verify_recurrent_for_decode(monkeypatch):
+def test_dispatch_recurrent_by_default_chunk_when_asked(monkeypatch):
     from glmlab.kernels.decode import kda_window_chunk_triton as chunk
     from glmlab.kernels.decode.kda_window_triton import window_method
 
     calls = []
     real = chunk.launch_chunk
     monkeypatch.setattr(chunk, "launch_chunk", lambda *a, **kw: calls.append(a) or real(*a, **kw))
-    for n, method, want_chunk in [(1, None, False), (2, None, True), (8, None, True),
-                                  (16, None, True), (8, "recurrent", False), (1, "chunk", True)]:
+    for n, method, want_chunk in [(1, None, False), (8, None, False), (2, "chunk", True),
+                                  (16, "chunk", True), (8, "recurrent", False), (1, "chunk", True)]:
         calls.clear()
         q, k, v, g, beta, state, slots, gate, w = _inputs(2, n, seed=n)
         ref_state = state.clone()
@@ -137,8 +137,8 @@ def test_dispatch_chunk_for_verify_recurrent_for_decode(monkeypatch):
         assert bool(calls) == want_chunk, (n, method)
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
         assert torch.allclose(state, ref_state, rtol=1e-5, atol=1e-6)
-    assert [window_method(n) for n in (1, 2, 8, 16, 17)] == ["recurrent"] + ["chunk"] * 3 + [
-        "recurrent"]
-    assert window_method(8, dk=8) == window_method(8, block_v=8) == "recurrent"  # tl.dot >= 16
+    assert {window_method(n) for n in (1, 2, 8, 16, 17)} == {"recurrent"}
+    with pytest.raises(ValueError, match="16"):
+        window_method(8, "chunk", dk=8)  # tl.dot needs 16-wide tiles
     with pytest.raises(ValueError, match="method"):
         window_method(8, "wy")

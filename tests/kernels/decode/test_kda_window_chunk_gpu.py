@@ -89,10 +89,11 @@ def test_chunk_real_width(state_dtype, store):
             assert torch.allclose(st.float(), rec_state.float(), rtol=2**-7, atol=1e-6), name
 
 
-def test_chunk_default_for_verify_matches_forced_chunk():
-    """kda_window with no method picks the chunk form for n = 8: bitwise the forced call."""
+def test_default_for_verify_is_the_recurrence():
+    """kda_window with no method runs the recurrence for n = 8 (the faster of the two on the
+    H200): bitwise the forced call."""
     q, k, v, g, beta, state, slots, gate, nw = _inputs(torch.float32, seed=1)
     a, b = state.clone(), state.clone()
     got = kda_window(q, k, v, g, beta, a, slots, gate, nw, 1e-5, True)
-    want = kda_window(q, k, v, g, beta, b, slots, gate, nw, 1e-5, True, method="chunk")
+    want = kda_window(q, k, v, g, beta, b, slots, gate, nw, 1e-5, True, method="recurrent")
     assert torch.equal(got, want) and torch.equal(a, b)
