@@ -31,22 +31,40 @@ def _read(path: Path) -> list[dict]:
 
 
 def load(root: str | Path) -> tuple[list[dict], str]:
-    """(rows, source): ``"h200"`` for stamped GPU rows, else ``"cpu-rehearsal"`` (or ``"none"``)."""
+    """(rows, source), phase by phase: a phase's stamped H200 rows when there are any, else its
+    CPU rehearsal rows. ``source`` is ``"h200"``, ``"cpu-rehearsal"``, ``"none"``, or, when the
+    two phases come from different runs, e.g. ``"decode: cpu-rehearsal, prefill: h200"``."""
     root = Path(root)
     gpu = [r for r in _read(root / H200_ROWS) if not r.get("cpu_rehearsal")]
-    if gpu:
-        return gpu, "h200"
     cpu = _read(root / REHEARSAL_ROWS)
-    return cpu, "cpu-rehearsal" if cpu else "none"
+    rows, sources = [], {}
+    for phase in ("decode", "prefill"):
+        mine = [r for r in gpu if r["phase"] == phase]
+        kind = "h200" if mine else "cpu-rehearsal"
+        mine = mine or [r for r in cpu if r["phase"] == phase]
+        if mine:
+            rows += mine
+            sources[phase] = kind
+    if not rows:
+        return [], "none"
+    kinds = set(sources.values())
+    if len(kinds) == 1:
+        return rows, kinds.pop()
+    return rows, ", ".join(f"{p}: {k}" for p, k in sources.items())
 
 
 def banner(source: str) -> str:
     if source == "h200":
         return ("H200 rows: rank 0 of TP4/EP4 (decode) and CP4 (prefill), full depth, emulated "
                 "on one GPU; communication modelled.")
-    return (f"No H200 rows yet: these are CPU REHEARSAL rows (tiny model, rank 0 of TP2, torch "
-            f"ops, 200-token prompts). They check the code path, not the reference point. "
-            f"{SCRIPT} writes the H200 rows to {H200_ROWS} in one device call.")
+    rehearsal = ("CPU REHEARSAL rows (tiny model, rank 0 of TP2, torch ops, 200-token prompts) "
+                 "check the code path, not the reference point.")
+    if "h200" in source:
+        return (f"Mixed sources ({source}): the H200 rows are rank 0 emulated on one GPU, "
+                f"full depth, communication modelled; the {rehearsal} {SCRIPT} writes the "
+                f"missing phase's H200 rows to {H200_ROWS}.")
+    return (f"No H200 rows yet: these are {rehearsal} {SCRIPT} writes the H200 rows to "
+            f"{H200_ROWS} in one device call.")
 
 
 def summarize(rows: list[dict]) -> dict:
