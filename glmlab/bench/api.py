@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from glmlab.bench.api_matchers import case_matchers
 from glmlab.bench.ops import machine
 from glmlab.checkpoint.tokenizer import build_byte_tokenizer
 from glmlab.core import SamplingParams
@@ -48,7 +49,7 @@ from glmlab.engine.config import EngineConfig
 from glmlab.engine.engine import Engine
 from glmlab.engine.local_pd import LocalPD
 from glmlab.model.backends import Backends
-from glmlab.presets import preset
+from glmlab.presets import preset, preset_config
 from glmlab.sampling import sample_seed
 from glmlab.tokenizer import Tokenizer
 
@@ -74,7 +75,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--constrained", type=int, default=64)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--reps", type=int, default=2, help="rounds of both variants (which goes first alternates)")
+    p.add_argument("--reps", type=int, default=2,
+                   help="rounds of both variants (which goes first alternates)")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=4096)
     p.add_argument("--new-tokens", type=int, default=16)
@@ -321,14 +323,16 @@ def case_samples(model, args) -> Iterator[dict]:
 def run(argv: list[str]) -> list[dict]:
     args = _args(argv)
     cases = [c for c in args.cases.split(",") if c]
-    unknown = set(cases) - {"penalties", "grammar", "samples"}
+    unknown = set(cases) - {"penalties", "grammar", "samples", "matchers"}
     if unknown:
-        raise SystemExit(f"unknown cases {sorted(unknown)}: penalties, grammar, samples")
+        raise SystemExit(f"unknown cases {sorted(unknown)}: penalties, grammar, samples, "
+                         "matchers")
     started = time.monotonic()
-    model = build_model(args)
+    # the matchers case needs only the vocabulary size: no model drawn for it alone
+    model = build_model(args) if set(cases) - {"matchers"} else None
     common = {"preset": args.preset, "device": args.device, "backends": args.backends,
               "backend_ops": backends(args).describe(),
-              "model_dtype": str(model.dtype).removeprefix("torch.")}
+              "model_dtype": str(model.dtype).removeprefix("torch.") if model else None}
     rows: list[dict] = []
     engine = None
 
@@ -348,11 +352,15 @@ def run(argv: list[str]) -> list[dict]:
             continue
         t0 = time.monotonic()
         try:  # one run on a GPU machine: a case that breaks leaves the others their rows
-            if case in ("penalties", "grammar") and engine is None:
+            if case in ("penalties", "grammar") and engine is None:  # matchers: no engine
                 engine = Engine(model, engine_config(args, args.context + 2 * args.steps
                                                      + 4 * args.page_size, args.batch))
                 fill_random(engine, args.seed)
-            if case == "penalties":
+            if case == "matchers":
+                tok = Tokenizer(build_byte_tokenizer(), None, frozenset({1}), frozenset())
+                got = [case_matchers(preset_config(args.preset).vocab_size, tok, SCHEMA,
+                                     args.constrained, args.steps)]
+            elif case == "penalties":
                 got = [case_penalties(engine, args)]
             elif case == "grammar":
                 got = [case_grammar(engine, args)]

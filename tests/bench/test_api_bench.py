@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from glmlab.bench.ops import main
 
 ARGS = ["--preset", "tiny", "--device", "cpu", "--backends", "reference", "--batch", "4",
@@ -57,3 +59,14 @@ def test_a_case_that_breaks_leaves_a_row_and_the_others_run(tmp_path):
     assert [r.get("mode") for r in rows[1:]] == ["mixed_one_request", "pd_decode",
                                                   "mixed_n_requests"]
     assert all(r["as_expected"] for r in rows[1:])
+
+
+def test_matcher_costs_walk_the_grammar_without_a_model():
+    pytest.importorskip("xgrammar")
+    from glmlab.bench.api import run
+
+    row, = run(["--preset", "tiny", "--device", "cpu", "--cases", "matchers",
+                "--constrained", "3", "--steps", "4"])
+    assert row["case"] == "matchers" and row["model_dtype"] is None  # no model drawn
+    assert row["constrained"] == 3 and row["steps"] == 4
+    assert row["fill_ms_per_step"] > 0 and row["accept_ms_per_step"] > 0
