@@ -37,6 +37,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--chunk-block-v", default="auto",
                    help="value columns per chunk program, comma separated (auto: the default)")
+    p.add_argument("--recurrent-block-v", default="auto",
+                   help="value columns per recurrent program, comma separated (auto: "
+                        "value_block's pick; the first is the baseline of x_recurrent)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -110,7 +113,8 @@ def run(argv: list[str]) -> list[dict]:
         store = n == 1
         inputs = _inputs(n_seq, n, heads, d, sdt, args.seed)
         pristine = inputs[5].clone()
-        variants = [("recurrent", value_block(d, d, n_seq, heads))]
+        variants = [("recurrent", value_block(d, d, n_seq, heads) if bv == "auto" else int(bv))
+                    for bv in args.recurrent_block_v.split(",")]
         variants += [("chunk", chunk_value_block(d, d) if bv == "auto" else int(bv))
                      for bv in args.chunk_block_v.split(",")]
         nbytes = window_bytes(n_seq, n, heads, d, d, sdt.itemsize, store)
