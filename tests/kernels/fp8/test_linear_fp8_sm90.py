@@ -15,26 +15,8 @@ import sys
 _SCRIPT = """
 import json
 from dataclasses import replace
-from glmlab.kernels.fp8 import gemv_triton
 from glmlab.kernels.fp8.aot import compile_linear_fp8
 from glmlab.kernels.fp8.gemm_configs import choose_config, gemv_rule
-from glmlab.kernels.fp8.quant_triton import INV_FP8_MAX
-from glmlab.kernels.moe.aot import compile_sm90
-
-
-def compile_gemv(cfg, act="bf16", residual=False):
-    a = act if cfg.fuse_quant else "fp8e4nv"
-    types = {"a_ptr": f"*{a}", "a_scale_ptr": "*fp32" if not cfg.fuse_quant else f"*{act}",
-             "b_ptr": "*fp8e4nv", "b_scale_ptr": "*fp32", "c_ptr": f"*{act}",
-             "res_ptr": f"*{act}", "ws_ptr": "*fp32" if cfg.split_k > 1 else f"*{act}",
-             "ticket_ptr": "*i32" if cfg.split_k > 1 else f"*{act}"}
-    types |= dict.fromkeys(["M", "N", "K", "stride_am", "stride_asm", "stride_bn", "stride_bsn",
-                            "stride_cm", "stride_rm"], "i32")
-    constexprs = dict(A_FP8=not cfg.fuse_quant, HAS_RES=residual, SPLIT_K=cfg.split_k,
-                      SCALE_BY_RECIPROCAL=True, FP8_MAX_C=448.0, INV_FP8_MAX_C=INV_FP8_MAX,
-                      BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_N=128, GROUP_K=128)
-    return compile_sm90(gemv_triton._gemv_fp8_kernel, types, constexprs, cfg.num_warps,
-                        cfg.num_stages)
 
 
 out = []
@@ -47,7 +29,7 @@ for m, n, k in ((8, 8192, 4096), (64, 24576, 4096), (128, 4096, 16384), (4096, 8
 for m, n, k in ((1, 4096, 16384), (4, 24576, 4096)):
     for fuse in (True, False):
         cfg = replace(gemv_rule(m, n, k), fuse_quant=fuse)
-        c = compile_gemv(cfg, residual=m == 1)
+        c = compile_linear_fp8(cfg, residual=m == 1)
         out.append(dict(name=cfg.short(), kind=cfg.kind, swap=False, split=cfg.split_k,
                         shared=c.shared, wgmma=c.uses_wgmma, e4m3="e4m3" in c.ptx,
                         atomics="atom." in c.ptx))
