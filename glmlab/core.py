@@ -44,7 +44,6 @@ from glmlab.sampling_params import (  # noqa: F401
     make_generator,
     sample,
     sample_rid,
-    token_logprobs,
 )
 
 

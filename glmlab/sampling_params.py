@@ -174,21 +174,6 @@ def filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     return probs
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
-    """Logprobs of ``tokens[i]`` under row i of raw logits [N, V], with ``top`` alternatives."""
-    if not tokens:
-        return []
-    lp = torch.log_softmax(logits.float(), -1)
-    picked = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])[:, 0].tolist()
-    if top:
-        values, ids = lp.topk(top, dim=-1)
-        alts = [tuple(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), values.tolist(),
-                                                                strict=True)]
-    else:
-        alts = [()] * len(tokens)
-    return [TokenLogprob(t, p, a) for t, p, a in zip(tokens, picked, alts, strict=True)]
-
-
 def sample_rid(rid: str, index: int) -> str:
     """The request id of sample ``index`` of a request with ``params.n`` samples."""
     return rid if index == 0 else f"{rid}#{index}"

@@ -38,9 +38,10 @@ import torch
 
 from glmlab.cache.budget import BudgetInputs, plan_budget
 from glmlab.cache.hybrid import HybridCache
-from glmlab.core import Batch, Entry, Phase, Req, Sampled, token_logprobs
+from glmlab.core import Batch, Entry, Phase, Req, Sampled
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
+from glmlab.sampling import logprobs_of
 from glmlab.speculative.commit import SpecStateStore
 from glmlab.speculative.config import SpecConfig
 from glmlab.speculative.cycle import PHASES, CycleStats
@@ -242,7 +243,7 @@ class SpecPhase:
         for i, (e, toks) in enumerate(zip(entries, result.emitted, strict=True)):
             k = e.req.params.logprobs
             lps = None if k is None else tuple(
-                token_logprobs(result.logits[i, :len(toks)], toks, k))
+                logprobs_of(result.logits[i, :len(toks)], toks, k))
             out[id(e)] = Sampled(tuple(toks), lps)
         return out
 
