@@ -42,7 +42,7 @@ export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH GLMLAB_INSTALLED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 
-stage tune 150 python3 -m glmlab.cli tune linear-fp8 --preset slice:4 \
+stage tune "${TUNE_S:-150}" python3 -m glmlab.cli tune linear-fp8 --preset slice:4 \
   --tokens "${TOKENS:-1,32,128,256,1056}" --report "$OUT/linear_fp8_tune.jsonl"
 cp kernels/fp8/configs/linear-fp8-*.json "$OUT/" 2>/dev/null
 stage bench 150 python3 -m glmlab.bench.ops --op decode --out "$WORK/bench" --presets slice:4 \
@@ -52,7 +52,7 @@ stage state-bf16 60 python3 -m glmlab.bench.ops --op decode --out "$WORK/bench" 
   --paths new --stream "$OUT/decode.jsonl"
 
 stage kdawin 60 python3 -m glmlab.bench.ops --op kda-window --out "$OUT" \
-  --chunk-block-v 32,64,128
+  --chunk-block-v 32,64,128 --recurrent-block-v "${RECURRENT_BV:-auto,16,32,64}"
 stage profile 100 python3 scripts/profile_decode_step.py --preset slice:4 --cases 128x1,132x8
 
 ( stage tests 240 python3 -m pytest -q -p no:cacheprovider -rfE --durations=10 \
