@@ -43,7 +43,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 
 stage tune "${TUNE_S:-150}" python3 -m glmlab.cli tune linear-fp8 --preset slice:4 \
-  --tokens "${TOKENS:-1,32,128,256,1056}" --report "$OUT/linear_fp8_tune.jsonl"
+  --update --tokens "${TOKENS:-1,32,128,256,1056}" --report "$OUT/linear_fp8_tune.jsonl"
 cp kernels/fp8/configs/linear-fp8-*.json "$OUT/" 2>/dev/null
 stage bench 150 python3 -m glmlab.bench.ops --op decode --out "$WORK/bench" --presets slice:4 \
   --batches 1,32,128 --contexts 1024 --verify-batches 16,132 --stream "$OUT/decode.jsonl"
