@@ -48,7 +48,7 @@ def test_rows_say_what_they_are(rows):
     for r in rows:
         if r["phase"] == "decode":
             assert all(k in r for k in DECODE)
-            want = r["batch"] * r["accept_len"] / r["cycle_ms"] * 1e3
+            want = r["batch"] * r["accept_len"] / r["tp"] / r["cycle_ms"] * 1e3
             assert r["per_gpu_output_tok_s"] == pytest.approx(want, rel=2e-3, abs=0.051)
             assert r["tpot_ms"] == pytest.approx(r["cycle_ms"] / r["accept_len"], rel=1e-3)
     assert _one(rows, "dflash2")["accept_simulated"] and _one(rows, "mtp")["accept_simulated"]

@@ -43,7 +43,7 @@ def test_reference_point_notebook_shows_the_committed_rows():
         point = got["points"][algorithm]
         assert point["batch"] == max(r["batch"] for r in mine)
         assert abs(point["cycle_ms"] - point["compute_ms"] - point["comm_ms"]) < 2e-3
-        want = point["batch"] * point["accept_len"] / point["cycle_ms"] * 1e3
+        want = point["batch"] * point["accept_len"] / point["tp"] / point["cycle_ms"] * 1e3
         assert abs(point["per_gpu_output_tok_s"] - want) <= 0.051 + 2e-3 * want
     published = {g["goal"].split(" (")[0]: g for g in got["goals"]}
     assert abs(published["per-GPU output tok/s"]["published"] - 12026.62 / 4) < 0.1
