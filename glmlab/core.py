@@ -91,6 +91,11 @@ class GrammarMatcher(Protocol):
     """One request's position in a grammar (``glmlab.grammar`` wraps xgrammar): which tokens may
     come next, as a bitmask row of int32 words (bit t of word t // 32 set: token t allowed)."""
 
+    # the tokens whose acceptance can end the grammar (xgrammar: the tokenizer's stop tokens);
+    # any other token the mask allowed is accepted without ending it, so the engine may tell
+    # the matcher late, at the next mask fill, while that step's forward runs
+    stop_token_ids: frozenset[int]
+
     def fill_mask(self, bitmask: torch.Tensor, row: int) -> None: ...
 
     def accept(self, token: int) -> bool: ...
@@ -153,6 +158,8 @@ class Req:
     sample_index: int = 0  # which of the prompt's ``params.n`` samples this is
     forked: bool = False  # params.n > 1: its siblings were made from it (or it is one)
     grammar: GrammarMatcher | None = None  # constrained decoding: the allowed next tokens
+    grammar_pending: int | None = None  # emitted, not yet told to the grammar (next mask fill)
+    grammar_refused: int | None = None  # a late-told token the grammar refused (never expected)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
 
     @property

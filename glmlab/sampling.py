@@ -181,7 +181,9 @@ class BatchSampler:
         """(the constrained rows, their [M, ceil(V/32)] int32 host bitmask of the tokens each
         one's grammar allows next); None when no request has a grammar. The host buffer is
         pinned on CUDA and reused: its copy to the device is done before the step ends (the
-        sampled tokens' copy back waits for it), so the next step may refill it."""
+        sampled tokens' copy back waits for it), so the next step may refill it. Each grammar is
+        first told the request's last token if the scheduler left it pending (``Req.
+        grammar_pending``): that host work, too, now overlaps the forward."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return None
@@ -191,7 +193,12 @@ class BatchSampler:
         bitmask = self._masks[:len(rows)]
         bitmask.fill_(-1)
         for j, i in enumerate(rows):
-            reqs[i].grammar.fill_mask(bitmask, j)
+            r = reqs[i]
+            if r.grammar_pending is not None:  # the last token, told now (Scheduler)
+                token, r.grammar_pending = r.grammar_pending, None
+                if not r.grammar.accept(token):
+                    r.grammar_refused = token
+            r.grammar.fill_mask(bitmask, j)
         return rows, bitmask
 
     def sample(self, reqs: Sequence[Req], logits: torch.Tensor) -> list[Sampled]:

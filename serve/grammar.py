@@ -37,6 +37,7 @@ class XgrMatcher:
 
     def __init__(self, compiled):
         self._m = _xgr().GrammarMatcher(compiled)
+        self.stop_token_ids = frozenset(self._m.stop_token_ids)
 
     def fill_mask(self, bitmask, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)

@@ -209,6 +209,11 @@ class Scheduler:
             if emitted is None:
                 continue
             (token,) = emitted
+            if req.grammar_refused is not None:  # told late, refused: ends before this token
+                req.matched_stop = req.grammar_refused
+                self._finish(req, FinishReason.STOP)
+                outs.append((req, ()))
+                continue
             req.token_ids.append(token)
             # a prefill-role request is held whatever its first token: the decode instance
             # applies the finish rules to it (``start``)
@@ -244,10 +249,15 @@ class Scheduler:
         if not early and (token in req.stop_ids or text_stop is not None):
             req.matched_stop = token if token in req.stop_ids else text_stop
             return FinishReason.STOP
-        if req.grammar is not None and (not req.grammar.accept(token)
-                                        or req.grammar.is_terminated()):
-            req.matched_stop = token  # the grammar is complete (or refused: never expected)
-            return FinishReason.STOP
+        if req.grammar is not None:
+            if token not in req.grammar.stop_token_ids:
+                # it cannot end the grammar: the sampler tells the matcher at the next mask
+                # fill, while that step's forward runs (xgrammar's accept is ~30 us of GIL-held
+                # host work per request, which here would leave the GPU idle)
+                req.grammar_pending = token
+            elif not req.grammar.accept(token) or req.grammar.is_terminated():
+                req.matched_stop = token  # the grammar is complete (or refused: never expected)
+                return FinishReason.STOP
         if len(req.token_ids) >= req.max_len:
             return FinishReason.LENGTH
         return None

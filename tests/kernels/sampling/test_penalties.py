@@ -61,6 +61,8 @@ def test_token_mask_equals_reference_bitwise(m, v, seed):
 class _Only:
     """A grammar that allows the tokens in ``ok`` (the GrammarMatcher protocol)."""
 
+    stop_token_ids = frozenset()
+
     def __init__(self, ok: set[int]):
         self.ok = ok
 
