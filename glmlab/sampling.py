@@ -154,7 +154,14 @@ class BatchSampler:
                masks: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor:
         """Penalties, bias, min-token stop masks and grammar bitmasks (``grammar_masks``, filled
         here unless given); a new tensor if any."""
-        dev, x = logits.device, logits
+        return self._adjust(reqs, logits, masks)[0]
+
+    def _adjust(self, reqs: Sequence[Req], logits: torch.Tensor,
+                masks: tuple[list[int], torch.Tensor] | None
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+        """``adjust``, and the penalised requests' (batch rows, extras rows) on the device, for
+        counting the tokens they draw without another host-to-device copy."""
+        dev, x, counted = logits.device, logits, None
         if masks is None:
             masks = self.grammar_masks(reqs)
         adj = [i for i, r in enumerate(reqs) if r.params.adjusts_logits]
@@ -171,11 +178,12 @@ class BatchSampler:
                   for i in adj]], torch.float32, dev)
             self.penalties(x, idx, rows, e.counts, e.prompt, e.bias, e.stops, rep, freq, pres,
                            early.bool())
+            counted = (idx, rows)
         if masks is not None:
             x = x.clone() if x is logits else x
-            rows, bitmask = masks
-            self.token_mask(x, torch.tensor(rows).to(dev), bitmask.to(dev, non_blocking=True))
-        return x
+            masked, bitmask = masks
+            self.token_mask(x, torch.tensor(masked).to(dev), bitmask.to(dev, non_blocking=True))
+        return x, counted
 
     def grammar_masks(self, reqs: Sequence[Req]) -> tuple[list[int], torch.Tensor] | None:
         """(the constrained rows, their [M, ceil(V/32)] int32 host bitmask of the tokens each
@@ -207,7 +215,7 @@ class BatchSampler:
         dev = logits.device
         # the grammars' masks are host work: filled before anything waits on the device (the
         # first small host-to-device copy below does), they overlap the forward still running
-        x = self.adjust(reqs, logits, self.grammar_masks(reqs))
+        x, counted = self._adjust(reqs, logits, self.grammar_masks(reqs))
         tokens = x.argmax(-1)
         drawn = [i for i, r in enumerate(reqs) if not r.params.greedy]
         if drawn:
@@ -226,31 +234,31 @@ class BatchSampler:
                 tokens[idx] = _race_log_probs(probs, seeds, pos)
             else:
                 tokens[idx] = self.race(x, idx, temp, seeds, pos)
-        picked = tokens.tolist()
-        self._count(reqs, picked)
-        return self._with_logprobs(reqs, logits, picked)
-
-    def _count(self, reqs: Sequence[Req], picked: list[int]) -> None:
-        e = self.extras
-        adj = [i for i, r in enumerate(reqs) if r.rid in e.rows]
-        if adj:
-            dev = e.device
-            rows = torch.tensor([e.rows[reqs[i].rid] for i in adj], device=dev)
-            cols = torch.tensor([picked[i] for i in adj], device=dev)
-            e.counts.index_put_((rows, cols), torch.ones(len(adj), device=dev), accumulate=True)
+        if counted is not None:  # the penalised requests' output counts, on the device
+            idx, rows = counted
+            self.extras.counts.index_put_((rows, tokens[idx]),
+                                          torch.ones(len(rows), device=dev), accumulate=True)
+        return self._to_host(reqs, logits, tokens)
 
     @staticmethod
-    def _with_logprobs(reqs: Sequence[Req], logits: torch.Tensor,
-                       picked: list[int]) -> list[Sampled]:
-        out = [Sampled((t,)) for t in picked]
+    def _to_host(reqs: Sequence[Req], logits: torch.Tensor,
+                 tokens: torch.Tensor) -> list[Sampled]:
+        """The tokens, and the logprobs of the requests that asked, in one device-to-host copy
+        (the step's only wait on the device)."""
         wanted = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
-        if wanted:
-            top = max(reqs[i].params.logprobs for i in wanted)
-            rows = logits if len(wanted) == len(reqs) else \
-                logits[torch.tensor(wanted, device=logits.device)]
-            lps = logprobs_of(rows, [picked[i] for i in wanted], top)
-            for i, lp in zip(wanted, lps, strict=True):
-                out[i] = Sampled((picked[i],), (lp.with_top(reqs[i].params.logprobs),))
+        if not wanted:
+            return [Sampled((t,)) for t in tokens.tolist()]
+        top = max(reqs[i].params.logprobs for i in wanted)
+        sel = None if len(wanted) == len(reqs) else torch.tensor(wanted, device=logits.device)
+        table = logprob_table(logits if sel is None else logits[sel],
+                              tokens if sel is None else tokens[sel], top)
+        flat = torch.cat([tokens.to(table.dtype), table.flatten()]).tolist()
+        n = len(reqs)
+        out = [Sampled((int(t),)) for t in flat[:n]]
+        width = table.shape[1]
+        for j, i in enumerate(wanted):
+            lp = _token_logprob(int(flat[i]), flat[n + j * width: n + (j + 1) * width], top)
+            out[i] = Sampled(out[i].tokens, (lp.with_top(reqs[i].params.logprobs),))
         return out
 
 
@@ -264,20 +272,31 @@ def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[T
     one device-to-host copy for all rows."""
     if not len(tokens):
         return []
+    ids = torch.tensor(list(tokens), dtype=torch.long, device=logits.device)
+    rows = logprob_table(logits, ids, top).tolist()
+    return [_token_logprob(t, r, top) for t, r in zip(tokens, rows, strict=True)]
+
+
+def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:
+    """[N, 1 + 2 * top] on the device: row i is the log-softmax of ``logits[i]`` at
+    ``tokens[i]``, then its ``top`` largest values, then their token ids, in one float dtype
+    wide enough to hold the ids exactly (fp32 below 2**24 tokens), for one copy to the host."""
     # x - logsumexp(x), gathered and top-k'd from the raw logits: the same numbers as a
     # log_softmax, without writing (and re-reading) the whole [N, V] of it
     x = logits.float()
     lse = torch.logsumexp(x, -1, keepdim=True)
-    picked = x.gather(-1, torch.tensor(list(tokens), device=x.device)[:, None]) - lse
-    if not top:
-        return [TokenLogprob(t, p, ()) for t, p in zip(tokens, picked[:, 0].tolist(),
-                                                        strict=True)]
-    values, ids = top_k(x, top)
-    # one device-to-host copy: token ids are exact in fp64 (and fp32 below 2**24)
     wide = torch.float32 if x.shape[-1] < (1 << 24) else torch.float64
-    rows = torch.cat([picked.to(wide), (values - lse).to(wide), ids.to(wide)], 1).tolist()
-    return [TokenLogprob(t, r[0], tuple(zip(map(int, r[1 + top:]), r[1:1 + top], strict=True)))
-            for t, r in zip(tokens, rows, strict=True)]
+    picked = (x.gather(-1, tokens[:, None]) - lse).to(wide)
+    if not top:
+        return picked
+    values, ids = top_k(x, top)
+    return torch.cat([picked, (values - lse).to(wide), ids.to(wide)], 1)
+
+
+def _token_logprob(token: int, row: Sequence[float], top: int) -> TokenLogprob:
+    """A ``logprob_table`` row on the host as a ``TokenLogprob``."""
+    return TokenLogprob(token, row[0], tuple(zip(map(int, row[1 + top:1 + 2 * top]),
+                                                 row[1:1 + top], strict=True)))
 
 
 # Rows at least this wide take the two-stage top-k: torch's one-pass top-k gives a row to one
@@ -291,16 +310,19 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     rows as the top k of each 4,096-column block, then the top k of those candidates: the same
     set (a row's top k are each in their block's top k), over N x V / 4,096 rows of work."""
     n, v = x.shape
-    if v < TOP_K_SPLIT_MIN or k > TOP_K_BLOCK:
+    if v < TOP_K_SPLIT_MIN or k > TOP_K_BLOCK // 2:
         return x.topk(k, dim=-1)
-    blocks = -(-v // TOP_K_BLOCK)
+    # equal blocks of at most TOP_K_BLOCK columns when some count up to twice the least one
+    # divides V (the real vocabulary: 40 x 3,872), so that the rows need no padded copy
+    least = -(-v // TOP_K_BLOCK)
+    blocks = next((b for b in range(least, 2 * least + 1) if v % b == 0), least)
+    width = -(-v // blocks)
     padded = x
-    if v % TOP_K_BLOCK:
-        padded = torch.full((n, blocks * TOP_K_BLOCK), float("-inf"), dtype=x.dtype,
-                            device=x.device)
+    if blocks * width != v:
+        padded = torch.full((n, blocks * width), float("-inf"), dtype=x.dtype, device=x.device)
         padded[:, :v] = x
-    vals, cols = padded.view(n, blocks, TOP_K_BLOCK).topk(k, dim=-1)  # [N, B, k]
-    cols = cols + (torch.arange(blocks, device=x.device) * TOP_K_BLOCK)[None, :, None]
+    vals, cols = padded.view(n, blocks, width).topk(k, dim=-1)  # [N, B, k]
+    cols = cols + (torch.arange(blocks, device=x.device) * width)[None, :, None]
     values, pick = vals.flatten(1).topk(k, dim=-1)
     return values, cols.flatten(1).gather(1, pick)
 

@@ -205,13 +205,13 @@ def test_logit_bias_min_tokens_and_stop_ids_in_the_engine(make_engine, ids):
     engine.assert_idle()
 
 
-@pytest.mark.parametrize("v, k", [(40_000, 20), (32_768, 1), (65_537, 5)])
+@pytest.mark.parametrize("v, k", [(40_000, 20), (32_768, 1), (65_537, 5), (154_880, 20)])
 def test_two_stage_top_k_equals_torchs(v, k):
     from glmlab.sampling import TOP_K_SPLIT_MIN, top_k
 
     assert v >= TOP_K_SPLIT_MIN  # the split path, not torch's own
     x = torch.randn(3, v, generator=torch.Generator().manual_seed(v))
-    x[1, -1] = 50.0  # a winner in the padded last block
+    x[1, -1] = 50.0  # a winner in the last block (padded unless a block count divides v)
     values, ids = top_k(x, k)
     want = x.topk(k, dim=-1)
     assert torch.equal(values, want.values) and torch.equal(ids, want.indices)
