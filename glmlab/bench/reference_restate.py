@@ -48,7 +48,8 @@ def main(argv: list[str]) -> int:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         out = [restate(r, commit) for r in rows]
         path.write_text("".join(json.dumps(r) + "\n" for r in out))
-        print(f"{path}: {sum(a is not b for a, b in zip(rows, out, strict=True))} of {len(rows)} rows restated")
+        changed = sum(a is not b for a, b in zip(rows, out, strict=True))
+        print(f"{path}: {changed} of {len(rows)} rows restated")
     return 0
 
 
