@@ -15,7 +15,7 @@
 #   cp $OUT/reference_point.jsonl data/bench/reference_point.jsonl && cp $OUT/log.txt \
 #       data/bench/logs/h200-reference-point.log
 # Files in $OUT: log.txt, reference_point.jsonl (rows appended as each point is measured, so a
-# run cut short keeps what it measured), status.txt. Stages have their own limits, cut to what is
+# run cut short keeps what it measured), status.txt, profile-*.txt with PROFILE=1. Stages have their own limits, cut to what is
 # left of TOTAL_S (default 345 s); a stage that dies leaves the rows before it. STAGES="decode" or
 # STAGES="prefill" runs one stage (two device calls, each with the whole budget, if one is short).
 set -u
@@ -46,6 +46,11 @@ stage() {  # stage NAME LIMIT_S command...: one stage with its own limit, its st
 }
 
 BENCH="$PY -m glmlab.bench.ops --op reference_point --out /tmp/reference-point --stream $ROWS"
+# PROFILE=1: also the kernels of one eager cycle per algorithm (profile-ALGORITHM.txt in $OUT)
+[ "${PROFILE:-0}" = 1 ] && BENCH="$BENCH --profile-dir $OUT"
+# ALGORITHMS / BATCHES: a subset (default: every algorithm, the whole sweep)
+[ -n "${ALGORITHMS:-}" ] && BENCH="$BENCH --algorithms $ALGORITHMS"
+[ -n "${BATCHES:-}" ] && BENCH="$BENCH --batches $BATCHES"
 if [ "${REHEARSE:-0}" = 1 ]; then
   has decode && stage decode 300 $BENCH --rehearsal --phases decode
   has prefill && stage prefill 120 $BENCH --rehearsal --phases prefill

@@ -14,7 +14,9 @@ prefix stored once, FP8 KV, BF16 state) and, per algorithm and batch:
 3. ``cycles`` timed cycles: mean wall time per phase (draft / verify / commit / rest) and commit
    length (simulated acceptance: 7.03 for DFlash2 block 8, 7.37 for MTP718; plain decode 1);
 4. for the ``detail_batch`` only, one more eager cycle timed per sublayer kind (KDA, DSA, MoE,
-   dense MLP: ``LayerTimer``), the draft's and the commit's own layers not included.
+   dense MLP: ``LayerTimer``), the draft's and the commit's own layers not included; with a
+   ``profile_dir``, one more eager cycle under the torch profiler, its CUDA kernels tabled
+   (``profile-ALGORITHM.txt``: where the cycle's device time goes).
 
 Draft and commit run eagerly (glmlab captures only target steps). Every number is rank r's
 compute; the outputs are not the model's (partial sums stay partial). Knows nothing about rows.
@@ -25,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from glmlab.bench.layer_timer import LayerTimer
+from glmlab.bench.profile_table import write_profile
 from glmlab.bench.reference_layout import SharedPrefix, SharedPrefixLayout, fill_random_
 from glmlab.cache.storage import CacheDtypes
 from glmlab.core import SamplingParams
@@ -117,9 +121,10 @@ class PointResult:
 
 class DecodeBench:
     def __init__(self, model, draft: DFlashDraftModel, work: SharedPrefix, dtypes: CacheDtypes,
-                 recorder: CollectiveRecorder, graphs: bool, seed: int = 0):
+                 recorder: CollectiveRecorder, graphs: bool, seed: int = 0,
+                 profile_dir: str | None = None):
         self.model, self.draft, self.work, self.recorder = model, draft, work, recorder
-        self.use_graphs, self.seed = graphs, seed
+        self.use_graphs, self.seed, self.profile_dir = graphs, seed, profile_dir
         self.layout = SharedPrefixLayout(model, work, dtypes, recorder)
         c = draft.cfg
         self.draft_kv = DraftKVStore(DraftKVLayout(c.num_layers, c.num_kv_heads, c.head_dim,
@@ -216,6 +221,13 @@ class DecodeBench:
             run()
             return timer.by_kind()
 
+    def _profile(self, algorithm: str, batch: int, run) -> None:
+        """One more eager run under the torch profiler: ``profile_dir/profile-ALGORITHM.txt``."""
+        self.layout.graphs = None
+        with self.recorder.paused():
+            write_profile(run, Path(self.profile_dir) / f"profile-{algorithm}.txt",
+                          f"{algorithm} batch {batch}, one eager cycle (no CUDA graphs)")
+
     def _spec_point(self, dec: SpecDecoder, runner, algorithm: str, batch: int, cycles: int,
                     warmup: int, detail: bool) -> PointResult:
         reqs = self.requests(batch)
@@ -231,6 +243,8 @@ class DecodeBench:
                 dec.step(reqs)
         stats = list(dec.stats)
         sub = self._sublayers(lambda: dec.step(reqs)) if detail else None
+        if detail and self.profile_dir:
+            self._profile(algorithm, batch, lambda: dec.step(reqs))
         phase = {p: 1e3 * sum(s.phase_s[p] for s in stats) / len(stats) for p in PHASES}
         accept = sum(s.mean_commit for s in stats) / len(stats)
         return PointResult(algorithm, batch, phase, accept, calls, len(stats), sub, hits)
@@ -257,6 +271,8 @@ class DecodeBench:
             _sync(self.device)
         ms = (time.perf_counter() - t) / steps * 1e3
         sub = self._sublayers(step) if detail else None
+        if detail and self.profile_dir:
+            self._profile("decode", batch, step)
         phase = dict.fromkeys(PHASES, 0.0) | {"verify": ms}
         return PointResult("decode", batch, phase, 1.0, calls, steps, sub, hits)
 

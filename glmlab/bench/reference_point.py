@@ -99,6 +99,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-budget", type=float, default=0.0,
                    help="seconds from start after which later decode points are skipped")
     p.add_argument("--stream", default="", help="append each stamped row here as measured")
+    p.add_argument("--profile-dir", default="",
+                   help="write the CUDA kernels of one more eager cycle at each algorithm's "
+                        "reference point, phase by phase, here (profile-ALGORITHM.txt)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.rehearsal:
@@ -185,7 +188,8 @@ def run_decode(args, comm: CommModel, out: _Out, start: float) -> None:
     work = SharedPrefix(max(max(sweeps[a]) for a in algorithms), args.prefix_len,
                         args.suffix_len, headroom=(2 + args.warmup + args.cycles) * WIDTH + 64)
     graphs = args.device.startswith("cuda") and fast
-    bench = DecodeBench(model, draft, work, _dtypes(model.dtype), rec, graphs, args.seed)
+    bench = DecodeBench(model, draft, work, _dtypes(model.dtype), rec, graphs, args.seed,
+                        profile_dir=args.profile_dir or None)
     hbm = bandwidth(args.device)
     base = {**_base(args, model.cfg, backends, graphs), "prompt_len": work.prompt_len,
             "shared_prefix_len": work.prefix_len, "suffix_len": work.suffix_len,
