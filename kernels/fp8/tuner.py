@@ -51,7 +51,9 @@ def candidates(m: int, n: int, k: int, act_bytes: int = 2) -> list[GemmConfig]:
     for M <= 64 (swap-AB, activations quantised in the prologue or once beforehand, split-K to
     fill the GPU);
     output tiles up to 128 x 256 for larger M, quantising in the prologue only while one
-    column block's re-quantisation is cheap (M <= 256), split-K at most 2."""
+    column block's re-quantisation is cheap (M <= 256), split-K up to 4 there (at M = 128 the
+    tiles of split 1-2 left the weight stream at 0.13-0.33 of HBM on the H200, commit 49b2526:
+    one or two programs per SM do not keep enough bytes in flight) and 1 above."""
     k_blocks = -(-k // GROUP)
     splits = [s for s in (1, 2, 4, 8) if k_blocks // s >= 2]
     out: list[GemmConfig] = []
@@ -68,14 +70,14 @@ def candidates(m: int, n: int, k: int, act_bytes: int = 2) -> list[GemmConfig]:
         small = m <= 256
         for bm in (64, 128):
             for bn in (64, 128, 256):
-                for split in splits[:2] if small else splits[:1]:
+                for split in splits[:3] if small else splits[:1]:
                     for fuse in (True, False) if small and bm == 64 else (False,):
                         warps = 4 if bm * bn <= 64 * 128 else 8
                         out.append(GemmConfig(bm, bn, split, swap_ab=False, fuse_quant=fuse,
                                               num_warps=warps, num_stages=4 if bm == 64 else 3))
         if small:  # tokens on the dot's N side, up to 128 of them per program
             out += [GemmConfig(128, bn, split, swap_ab=True, fuse_quant=False)
-                    for bn in (64, 128) for split in splits[:2]]
+                    for bn in (64, 128) for split in splits[:3]]
     if m <= GEMV_TUNE_MAX_M:
         out += gemv_candidates(m, n, k)
     out.append(rule_config(m, n, k))
