@@ -32,16 +32,27 @@ import torch
 
 from glmlab.cache.storage import ModelCache
 from glmlab.config import ModelConfig
-from glmlab.speculative.replay import CommitMode, ReplayRing, StateSnapshots, put_rows
+from glmlab.speculative.replay import (
+    CommitMode,
+    ReplayRing,
+    StateSnapshots,
+    check_commit_impl,
+    put_rows,
+)
 
 
 class SpecStateStore:
     def __init__(self, cfg: ModelConfig, num_rows: int, width: int, mode: CommitMode,
                  act_dtype: torch.dtype, state_dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", num_state_slots: int | None = None):
+                 device: torch.device | str = "cpu", num_state_slots: int | None = None,
+                 commit_impl: str = "torch"):
+        """``commit_impl``: how REPLAY mode replays the accepted KDA steps, "torch" or "triton"
+        (``ReplayRing``); in REPLAY mode "triton" also drops the commit's host-side checks."""
         if width < 2:
             raise ValueError(f"a verify window holds the anchor and >= 1 draft; got width {width}")
         self.cfg, self.width, self.mode = cfg, width, CommitMode(mode)
+        self.commit_impl = check_commit_impl(commit_impl)
+        self.kernel_commit = commit_impl == "triton" and self.mode is CommitMode.REPLAY
         kd, ds = cfg.kda, cfg.dsa
         self.row_of_slot = torch.full((num_state_slots or num_rows,), -1, dtype=torch.long,
                                       device=device)
@@ -54,7 +65,7 @@ class SpecStateStore:
                            for i in cfg.dsa_layers}
         self.index_held = torch.zeros(num_rows, dtype=torch.long, device=device)
         if self.mode is CommitMode.REPLAY:
-            self.recurrence = ReplayRing(cfg, num_rows, width, act_dtype, device)
+            self.recurrence = ReplayRing(cfg, num_rows, width, act_dtype, device, commit_impl)
         else:
             self.recurrence = StateSnapshots(cfg, num_rows, width, state_dtype, device)
 
@@ -127,10 +138,19 @@ class SpecStateStore:
         slots = slots.to(self.index_held.device)
         rows = self.rows(slots)
         lens = commit_lens.to(slots.device).long()
-        if bool(((lens < 1) | (lens > self.width)).any()):
-            raise ValueError(f"commit lengths must lie in 1..{self.width}: {lens.tolist()}")
-        if bool((rows < 0).any()):
-            raise ValueError(f"state slots without a speculative row: {slots[rows < 0].tolist()}")
+        # Each check reads a device value on the host: a sync that stalls the GPU stream once per
+        # commit and keeps the commit out of a CUDA graph. The torch paths sync anyway
+        # (``replay_steps`` reads the longest length), so they keep them. The kernel path skips
+        # them: the kernel clamps lengths to 0..D and leaves a row of -1 untouched, so neither
+        # can make it touch memory outside the ring or the state; a length of 0 also leaves the
+        # conv and index state as they were. What stays the callers' duty there: binding every
+        # slot they commit (an unbound slot's conv and index rows would be read from row -1).
+        if not self.kernel_commit:
+            if bool(((lens < 1) | (lens > self.width)).any()):
+                raise ValueError(f"commit lengths must lie in 1..{self.width}: {lens.tolist()}")
+            if bool((rows < 0).any()):
+                raise ValueError(f"state slots without a speculative row: "
+                                 f"{slots[rows < 0].tolist()}")
         w1 = self.cfg.kda.conv_kernel - 1
         steps = lens[:, None] + torch.arange(w1, device=slots.device)  # [N, W-1]
         for layer in self.cfg.kda_layers:

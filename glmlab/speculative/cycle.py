@@ -86,10 +86,14 @@ class SpecDecoder:
         cache = layout.cache
         self.model, self.layout, self.drafter, self.simulate = model, layout, drafter, simulate
         self.device = model.embed_tokens.weight.device
+        # The KDA commit follows the KDA step: a model on the fused Triton step replays the
+        # accepted steps with the Triton kernel too (no host sync), else with the torch reference.
+        commit_impl = "triton" if model.backends.kda_step == "triton" else "torch"
         self.store = SpecStateStore(
             model.cfg, store_rows or cache.num_state_slots, drafter.width, CommitMode(mode),
             model.dtype, cache.dtypes.recurrent, self.device,
-            num_state_slots=cache.num_state_slots if store_rows else None)
+            num_state_slots=cache.num_state_slots if store_rows else None,
+            commit_impl=commit_impl)
         self.stats: list[CycleStats] = []
 
     @property

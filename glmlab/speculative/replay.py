@@ -11,6 +11,8 @@ after ``commit_len`` steps (docs/techniques.md section 2):
   accepted steps into the committed state in place. ``replay_steps`` uses exactly the operations of
   ``kernels/kda/ref.py:kda_recurrent_ref`` in the same order, so the committed state is bitwise the
   recurrence's (tested). Per slot and layer that is D*H*(K + V + K + 1) numbers instead of D*H*K*V.
+  ``ReplayRing(commit_impl="triton")`` runs the same steps as one kernel per layer
+  (``kernels/decode/kda_replay_triton.py``): no per-step [N, H, K, V] temporaries, no host sync.
 
 Both hold what the recurrence consumes: k already L2-normalised in fp32 (glmlab normalises in the
 layer; sglang keeps pre-norm k in the activation dtype because its kernel fuses the norm), g in
@@ -32,6 +34,15 @@ from glmlab.kernels.kda.ref import kda_recurrent_ref
 class CommitMode(str, Enum):
     REPLAY = "replay"
     SNAPSHOT = "snapshot"
+
+
+COMMIT_IMPLS = ("torch", "triton")
+
+
+def check_commit_impl(name: str) -> str:
+    if name not in COMMIT_IMPLS:
+        raise ValueError(f"commit_impl must be one of {COMMIT_IMPLS}, not {name!r}")
+    return name
 
 
 def _step(s, k, v, g, beta):
@@ -83,9 +94,18 @@ class ReplayRing:
     mode = CommitMode.REPLAY
 
     def __init__(self, cfg: ModelConfig, num_slots: int, width: int, act_dtype: torch.dtype,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", commit_impl: str = "torch"):
+        """``commit_impl``: "torch" (``replay_steps``, bitwise the recurrence) or "triton"
+        (``kernels/decode/kda_replay_triton.py``: one launch per layer, in place, lengths read
+        on the device; equal to the recurrence up to fp32 summation order)."""
         kd, self.width = cfg.kda, width
         h, dk = kd.num_heads, kd.head_dim
+        self.commit_impl = check_commit_impl(commit_impl)
+        self._kernel = None
+        if commit_impl == "triton":  # imported here: Triton is an optional extra
+            from glmlab.kernels.decode.kda_replay_triton import kda_replay_commit
+
+            self._kernel = kda_replay_commit
 
         def buf(*shape, dtype):
             return {i: torch.zeros(num_slots, width, *shape, dtype=dtype, device=device)
@@ -111,6 +131,10 @@ class ReplayRing:
                rows: torch.Tensor, commit_lens: torch.Tensor) -> None:
         """recurrent: the cache's [state slots, H, K, V] tensor of ``layer``, updated in place at
         ``slots`` from this store's ``rows``."""
+        if self._kernel is not None:
+            self._kernel(recurrent, *(t.contiguous() for t in (slots, rows)), self.k[layer],
+                         self.v[layer], self.g[layer], self.beta[layer], commit_lens.contiguous())
+            return
         recurrent[slots] = replay_steps(recurrent[slots], self.k[layer][rows],
                                         self.v[layer][rows], self.g[layer][rows],
                                         self.beta[layer][rows], commit_lens)

@@ -1,1 +1,2 @@
-"""glmlab.kernels.decode: in-place KDA window recurrence and the paged DSA indexer; see ref.py."""
+"""glmlab.kernels.decode: in-place KDA window recurrence, the ReplaySSM commit (speculative
+decoding's replay of accepted KDA steps) and the paged DSA indexer; see ref.py."""

@@ -121,3 +121,25 @@ def index_select_ref(q: torch.Tensor, w: torch.Tensor, pool_keys: torch.Tensor,
         out[t, : tok.numel()] = token_slots(page_table, torch.full_like(tok, seq), tok,
                                             page_size)
     return out
+
+
+def kda_replay_ref(recurrent: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor,
+                   k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   commit_lens: torch.Tensor) -> None:
+    """ReplaySSM commit: ``recurrent[slots[i]]`` advanced in place by the first
+    ``commit_lens[i]`` steps recorded in ring row ``rows[i]``.
+
+    Ring (one KDA layer): k, g [R, D, H, K] fp32 (k normalised); v [R, D, H, V]; beta [R, D, H].
+    recurrent: [S, H, K, V]. Each request runs ``kda.ref.kda_recurrent_ref`` over its accepted
+    prefix in fp32 and is rounded once to the state dtype. Lengths are clamped to 0..D; a request
+    with no step to replay (length 0, or row -1: no ring row bound) keeps its state bitwise.
+    """
+    width = k.shape[1]
+    for slot, row, c in zip(slots.tolist(), rows.tolist(), commit_lens.tolist(), strict=True):
+        c = min(max(c, 0), width)
+        if c == 0 or row < 0:
+            continue
+        steps = [t[row : row + 1, :c] for t in (k, v, g, beta)]  # batch of one, c steps
+        # q = k: only the final state is wanted, the outputs are discarded
+        _, final = kda_recurrent_ref(steps[0], *steps, recurrent[slot : slot + 1].float())
+        recurrent[slot] = final[0].to(recurrent.dtype)
