@@ -14,15 +14,24 @@ lm_head: it borrows the target's.
 - After verification the committed window positions are projected into draft KV the same way
   (``extend``); there is no draft-extend forward.
 
-Attention is computed in the model dtype with fp32 softmax (``scaled_dot_product_attention``).
+Attention over the context has two implementations, chosen once per draft model
+(``DFlashDraftModel.use_attention``; ``DFlashDrafter`` picks "triton" when the target runs its
+fast backends): "torch" gathers each request's context K/V from the store and runs
+``scaled_dot_product_attention`` in the model dtype with fp32 softmax (the reference);
+"triton" (``glmlab.kernels.dflash``) reads the store in place by token slot, flash-decoding
+split over the context, and never builds the [N, L, HKV, Dh] copies.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from glmlab.extras import import_optional
 from glmlab.model.glm import GLM5Model
 from glmlab.model.layers import Linear, RMSNorm
 from glmlab.speculative.dflash_config import DFlashConfig
@@ -31,6 +40,34 @@ from glmlab.speculative.selector import CandidateSelector
 from glmlab.speculative.types import CacheLayout, Proposal, SpecRequest, TargetStates
 
 CONTEXT_ROWS_PER_CHUNK = 1 << 21  # draft context rows gathered at once (DraftLayer.forward_store)
+ATTENTION_IMPLS = ("torch", "triton")
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """Every request's committed context as the draft layers read it, built once per propose
+    and shared by all layers. ``slots`` [N, L] int32 token slots, -1 past each request's length
+    (holes before it are for the torch path only); ``lens`` [N] int32 on the slots' device (the
+    kernel reads them there: no host sync)."""
+    slots: torch.Tensor
+    lens: torch.Tensor
+
+    @classmethod
+    def of(cls, ctx: DraftContext | torch.Tensor) -> DraftContext:
+        """A context, or [N, L] slots -1 padded at the end (lengths counted on the device)."""
+        if isinstance(ctx, DraftContext):
+            return ctx
+        return cls(ctx, (ctx >= 0).sum(1, dtype=torch.int32))
+
+    @cached_property
+    def valid(self) -> torch.Tensor:
+        """[N, L] bool: which slots the torch path's mask lets through."""
+        return self.slots >= 0
+
+    @cached_property
+    def readable(self) -> torch.Tensor:
+        """[N, L] slots with the padding pointed at slot 0 (gathered, then masked out)."""
+        return self.slots.clamp(min=0)
 
 
 def rope_neox(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -64,14 +101,18 @@ class DraftAttention(nn.Module):
         """x [N, B, D]; ctx_k, ctx_v [N, L, HKV, Dh]; ctx_valid [N, L] -> [N, B, D]."""
         return self.o_proj(self.attend(x, positions, ctx_k, ctx_v, ctx_valid))
 
+    def block_qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """x [N, B, D] -> q [N, B, H, Dh], k, v [N, B, HKV, Dh] (q and k normed and rotated)."""
+        c = self.cfg
+        q = self.q_norm(self.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim)))
+        return (rope_neox(q, positions, c.rope_theta), *self.kv(x, positions))
+
     def attend(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor,
                ctx_v: torch.Tensor, ctx_valid: torch.Tensor) -> torch.Tensor:
         """``forward`` without the output projection: [N, B, H * Dh]."""
         c = self.cfg
         n, b, _ = x.shape
-        q = self.q_norm(self.q_proj(x).unflatten(-1, (c.num_heads, c.head_dim)))
-        q = rope_neox(q, positions, c.rope_theta)
-        k, v = self.kv(x, positions)
+        q, k, v = self.block_qkv(x, positions)
         keys = torch.cat([ctx_k.to(x.dtype), k], dim=1).transpose(1, 2)  # [N, HKV, L+B, Dh]
         vals = torch.cat([ctx_v.to(x.dtype), v], dim=1).transpose(1, 2)
         valid = torch.cat([ctx_valid, ctx_valid.new_ones(n, b)], dim=1)  # block: non-causal
@@ -82,6 +123,18 @@ class DraftAttention(nn.Module):
         qg = q.transpose(1, 2).reshape(n, c.num_kv_heads, g * b, c.head_dim)
         o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=valid[:, None, None, :])
         return o.view(n, c.num_heads, b, c.head_dim).transpose(1, 2).flatten(2)
+
+    def attend_store(self, x: torch.Tensor, positions: torch.Tensor, kv: DraftKVStore,
+                     index: int, ctx: DraftContext) -> torch.Tensor:
+        """``attend`` with layer ``index``'s context read in place from ``kv`` by the Triton
+        kernel at ``ctx``'s slots and lengths: nothing of size N x L x HKV x Dh is built."""
+        kernel = import_optional("glmlab.kernels.dflash.attention_triton")  # triton: an extra
+        q, k, v = self.block_qkv(x, positions)
+        store_k, store_v, k_scale, v_scale = kv.layer(index)
+        scale = self.cfg.head_dim ** -0.5  # scaled_dot_product_attention's default
+        o = kernel.draft_attention(q, k, v, store_k, store_v, ctx.slots, ctx.lens, scale,
+                                   k_scale, v_scale)
+        return o.flatten(2)  # [N, B, H * Dh]
 
 
 class DraftLayer(nn.Module):
@@ -98,18 +151,23 @@ class DraftLayer(nn.Module):
         return self.ffn(x)
 
     def forward_store(self, x: torch.Tensor, positions: torch.Tensor, kv: DraftKVStore,
-                      index: int, ctx_slots: torch.Tensor, rows_per_chunk: int) -> torch.Tensor:
-        """``forward`` with layer ``index``'s context K/V read from ``kv`` at ``ctx_slots``
-        [N, L] (-1 padded), a few requests at a time: the gathered context of every request at
-        once is N x L x HKV x Dh (132 requests at 64K, 2 KV heads of 128: 4.4 GB for K alone),
-        so at most ``rows_per_chunk`` context rows are materialised together. Same maths."""
-        h, valid = self.input_layernorm(x), ctx_slots >= 0
-        step = max(1, rows_per_chunk // max(1, ctx_slots.shape[1]))
+                      index: int, ctx: DraftContext | torch.Tensor, rows_per_chunk: int,
+                      attention: str = "torch") -> torch.Tensor:
+        """``forward`` with layer ``index``'s context K/V read from ``kv`` at ``ctx``'s slots
+        (or [N, L] slots, -1 padded). "triton": read in place by the kernel. "torch": gathered a
+        few requests at a time: the gathered context of every request at once is N x L x HKV x Dh
+        (132 requests at 64K, 2 KV heads of 128: 4.4 GB for K alone), so at most
+        ``rows_per_chunk`` context rows are materialised together. Same maths."""
+        h, ctx = self.input_layernorm(x), DraftContext.of(ctx)
+        if attention == "triton":
+            o = self.self_attn.attend_store(h, positions, kv, index, ctx)
+            return self.ffn(x + self.self_attn.o_proj(o))
+        step = max(1, rows_per_chunk // max(1, ctx.slots.shape[1]))
         parts = []
         for s in range(0, x.shape[0], step):
-            k, v = kv.read(index, ctx_slots[s:s + step].clamp(min=0), x.dtype)
+            k, v = kv.read(index, ctx.readable[s:s + step], x.dtype)
             parts.append(self.self_attn.attend(h[s:s + step], positions[s:s + step], k, v,
-                                               valid[s:s + step]))
+                                               ctx.valid[s:s + step]))
         return self.ffn(x + self.self_attn.o_proj(torch.cat(parts)))
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
@@ -127,6 +185,15 @@ class DFlashDraftModel(nn.Module):
         self.layers = nn.ModuleList(DraftLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(d, cfg.rms_norm_eps)
         self.selector = CandidateSelector(cfg.vocab_size, d, cfg.selector_rank, cfg.selector_top_k)
+        self.attention = "torch"  # the context attention's implementation (use_attention)
+
+    def use_attention(self, impl: str) -> DFlashDraftModel:
+        """Choose the context attention once: "torch" (gather + SDPA, the reference) or
+        "triton" (the slot-reading kernel of glmlab.kernels.dflash)."""
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"draft attention must be one of {ATTENTION_IMPLS}, got {impl!r}")
+        self.attention = impl
+        return self
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor):
         """features [T, F] captured target features -> per draft layer (k, v) [T, HKV, Dh]."""
@@ -134,10 +201,13 @@ class DFlashDraftModel(nn.Module):
         return [layer.self_attn.kv(ctx, positions) for layer in self.layers]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: DraftKVStore,
-                ctx_slots: torch.Tensor) -> torch.Tensor:
-        """x [N, B, D] block embeddings; ctx_slots [N, L] token slots (-1 padded) -> [N, B, D]."""
+                ctx: DraftContext | torch.Tensor) -> torch.Tensor:
+        """x [N, B, D] block embeddings; ctx: a ``DraftContext`` or [N, L] token slots (-1
+        padded at the end) -> [N, B, D]."""
+        ctx = DraftContext.of(ctx)  # once for every layer
         for i, layer in enumerate(self.layers):
-            x = layer.forward_store(x, positions, kv, i, ctx_slots, CONTEXT_ROWS_PER_CHUNK)
+            x = layer.forward_store(x, positions, kv, i, ctx, CONTEXT_ROWS_PER_CHUNK,
+                                    self.attention)
         return self.norm(x)
 
 
@@ -150,6 +220,9 @@ class DFlashDrafter:
         self.target, self.draft, self.layout, self.kv = target, draft, layout, kv
         self.width = draft.cfg.block_size
         self.capture_layers = draft.cfg.target_layer_ids
+        # the draft's context attention follows the target: fast backends read the draft KV in
+        # place with the Triton kernel, the torch reference gathers it
+        draft.use_attention("triton" if target.backends.kda_step == "triton" else "torch")
 
     @torch.inference_mode()
     def extend(self, reqs: list[SpecRequest], states: TargetStates) -> None:
@@ -183,11 +256,16 @@ class DFlashDrafter:
             return Proposal(tokens)
         return Proposal(tokens, sel.dense_proposal(cand, q_rows, cfg.vocab_size))
 
-    def _context_slots(self, reqs: list[SpecRequest]) -> torch.Tensor:
-        """[N, L] token slots of each request's committed positions, -1 padded."""
-        rows = [self.layout.token_slots(r.row, 0, r.committed) for r in reqs]
-        width = max(len(x) for x in rows)
-        return torch.stack([F.pad(x, (0, width - len(x)), value=-1) for x in rows])
+    def _context_slots(self, reqs: list[SpecRequest]) -> DraftContext:
+        """The token slots of each request's committed positions ([N, L] int32, -1 padded) and
+        their counts ([N] int32, from the host's own lengths): once per propose, for all layers.
+        The layout gives one request's slots at a time, hence one copy per request."""
+        device = self.target.embed_tokens.weight.device
+        lens = [r.committed for r in reqs]
+        slots = torch.full((len(reqs), max(lens)), -1, dtype=torch.int32, device=device)
+        for i, (r, n) in enumerate(zip(reqs, lens, strict=True)):
+            slots[i, :n] = self.layout.token_slots(r.row, 0, n)
+        return DraftContext(slots, torch.tensor(lens, dtype=torch.int32, device=device))
 
     def release(self, reqs: list[SpecRequest]) -> None:
         """Draft KV rows belong to the target's token slots; nothing is held per request."""

@@ -68,6 +68,14 @@ class DraftKVStore:
             rows[layer][slots] = q.view(t, h, d)
             scales[layer][slots] = s.view(t, h)
 
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor,
+                                         torch.Tensor | None, torch.Tensor | None]:
+        """Layer ``layer``'s stored K, V [slots, HKV, Dh] and, for fp8, their fp32 scales
+        [slots, HKV] (else None), as they are: for kernels that read rows in place by slot."""
+        if self.layout.dtype == "bf16":
+            return self.k[layer], self.v[layer], None, None
+        return self.k[layer], self.v[layer], self.k_scale[layer], self.v_scale[layer]
+
     def read(self, layer: int, slots: torch.Tensor,
              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """slots [...] -> k, v [..., HKV, Dh] in ``dtype``."""

@@ -12,8 +12,10 @@ from safetensors.torch import load_file, save_file
 from glmlab.checkpoint.presets_dir import preset_checkpoint
 from glmlab.checkpoint.store import CheckpointError
 from glmlab.checkpoint.tokenizer import TINY_SPECIALS
+from glmlab.core import SamplingParams
+from glmlab.model.backends import Backends
 from glmlab.presets import preset_config
-from glmlab.speculative.dflash import DFlashDraftModel
+from glmlab.speculative.dflash import DFlashDrafter, DFlashDraftModel, DraftContext
 from glmlab.speculative.dflash_config import DraftConfigError, default_target_layers
 from glmlab.speculative.dflash_io import (
     init_random_draft_,
@@ -23,6 +25,7 @@ from glmlab.speculative.dflash_io import (
 )
 from glmlab.speculative.draft_kv import DraftKVLayout, DraftKVStore
 from glmlab.speculative.selector import CandidateSelector
+from glmlab.speculative.types import SpecRequest
 from glmlab.tokenizer import Tokenizer
 
 TINY = preset_config("tiny")
@@ -162,3 +165,79 @@ def test_fp8_draft_kv_round_trip_and_bytes():
     assert float((got_v - v).norm() / v.norm()) < 0.04
     bf16 = DraftKVLayout(5, 8, 128, "bf16").bytes_per_token
     assert (bf16, layout.bytes_per_token) == (20480, 10560)  # FP8 keeps 51.6%
+
+
+# The two context-attention paths of the draft (dflash.py): "torch" gathers and runs SDPA,
+# "triton" reads the store in place (glmlab.kernels.dflash; the CPU interpreter here). Requests
+# of different lengths (1 included, one past a 16-row tile) at scattered, permuted slots.
+CTX_LENS = [21, 1, 9]
+
+
+def _draft_with_context(kv_dtype: str, block_size: int = 4, seed: int = 0):
+    cfg = random_draft_config(TINY, block_size=block_size)
+    model = init_random_draft_(DFlashDraftModel(cfg).float(), seed)
+    num_slots = 64
+    kv = DraftKVStore(DraftKVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, kv_dtype),
+                      num_slots)
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_slots, generator=g)
+    slots = torch.full((len(CTX_LENS), max(CTX_LENS)), -1)
+    for i, n in enumerate(CTX_LENS):
+        slots[i, :n] = perm[i * 24:i * 24 + n]
+        feats = torch.randn(n, len(cfg.target_layer_ids) * cfg.hidden_size, generator=g)
+        for layer, (k, v) in enumerate(model.context_kv(feats, torch.arange(n))):
+            kv.write(layer, slots[i, :n], k, v)
+    x = torch.randn(len(CTX_LENS), block_size, cfg.hidden_size, generator=g)
+    positions = torch.tensor(CTX_LENS)[:, None] + torch.arange(block_size)
+    return model, kv, x, positions, slots, perm
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("block_size", [4, 8])
+def test_triton_attention_path_matches_torch_path(kv_dtype, block_size):
+    model, kv, x, positions, slots, _ = _draft_with_context(kv_dtype, block_size)
+    with torch.inference_mode():
+        want = model.use_attention("torch")(x, positions, kv, slots)
+        got = model.use_attention("triton")(x, positions, kv, slots)
+        ctx = DraftContext(slots.int(), torch.tensor(CTX_LENS, dtype=torch.int32))
+        layer = model.layers[0].forward_store(x, positions, kv, 0, ctx, 1 << 20, "triton")
+        ref_layer = model.layers[0].forward_store(x, positions, kv, 0, slots, 8, "torch")
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(layer, ref_layer, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_impl_is_checked_and_follows_the_target_backends():
+    cfg = random_draft_config(TINY, block_size=4)
+    model = DFlashDraftModel(cfg)
+    assert model.attention == "torch"
+    with pytest.raises(ValueError, match="triton"):
+        model.use_attention("flash")
+    for backends, want in [(Backends.fast(), "triton"), (Backends(), "torch")]:
+        target = type("Target", (), {"cfg": TINY, "backends": backends})()
+        DFlashDrafter(target, model, layout=None, kv=None)
+        assert model.attention == want
+
+
+class _ScatteredLayout:
+    """A layout whose requests' token slots are a fixed permutation of the store."""
+
+    def __init__(self, perm: torch.Tensor):
+        self.perm = perm
+
+    def token_slots(self, row: int, start: int, end: int) -> torch.Tensor:
+        return self.perm[row * 24 + start:row * 24 + end]
+
+
+def test_propose_builds_the_context_once_for_the_kernel(tiny_model):
+    """``_context_slots``: int32 slots (-1 padded) and int32 lengths; the proposals of the two
+    attention paths agree."""
+    model, kv, _, _, slots, perm = _draft_with_context("bf16")
+    drafter = DFlashDrafter(tiny_model, model, _ScatteredLayout(perm), kv)
+    reqs = [SpecRequest(row=i, params=SamplingParams(temperature=0.0), committed=n, anchor=7 + i)
+            for i, n in enumerate(CTX_LENS)]
+    ctx = drafter._context_slots(reqs)
+    assert ctx.slots.dtype == ctx.lens.dtype == torch.int32
+    assert torch.equal(ctx.slots, slots.int()) and ctx.lens.tolist() == CTX_LENS
+    want = drafter.propose(reqs).tokens  # tiny_model runs the torch backends
+    model.use_attention("triton")
+    assert torch.equal(drafter.propose(reqs).tokens, want)
