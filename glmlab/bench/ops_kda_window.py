@@ -40,6 +40,9 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--recurrent-block-v", default="auto",
                    help="value columns per recurrent program, comma separated (auto: "
                         "value_block's pick; the first is the baseline of x_recurrent)")
+    p.add_argument("--recurrent-warps", default="auto",
+                   help="warps per recurrent program, comma separated, each timed with every "
+                        "recurrent value block (auto: kda_window's default)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -80,7 +83,8 @@ def _inputs(n_seq, n, heads, d, state_dtype, seed):
     return q, k, v, gg, beta, state, slot_sets, gate, nw
 
 
-def _time(kda_window, inputs, pristine, store, method, bv) -> tuple[float, torch.Tensor]:
+def _time(kda_window, inputs, pristine, store, method, bv,
+          warps=None) -> tuple[float, torch.Tensor]:
     """(median us of the step rotating over the slot sets, the output of one call from the
     ``pristine`` states: the timed calls of a storing case move ``state`` on, so every variant's
     output must start from the same copy for their difference to mean anything)."""
@@ -89,10 +93,10 @@ def _time(kda_window, inputs, pristine, store, method, bv) -> tuple[float, torch
 
     def step():
         return kda_window(q, k, v, g, beta, state, next(rotate), gate, nw, 1e-5, store,
-                          block_v=bv, method=method)
+                          block_v=bv, method=method, num_warps=warps)
 
     out = kda_window(q, k, v, g, beta, pristine.clone(), slot_sets[0], gate, nw, 1e-5, store,
-                     block_v=bv, method=method)
+                     block_v=bv, method=method, num_warps=warps)
     return bench_us(step, warmup=25, rep=100), out
 
 
@@ -113,19 +117,21 @@ def run(argv: list[str]) -> list[dict]:
         store = n == 1
         inputs = _inputs(n_seq, n, heads, d, sdt, args.seed)
         pristine = inputs[5].clone()
-        variants = [("recurrent", value_block(d, d, n_seq, heads) if bv == "auto" else int(bv))
-                    for bv in args.recurrent_block_v.split(",")]
-        variants += [("chunk", chunk_value_block(d, d) if bv == "auto" else int(bv))
+        warps = [None if w == "auto" else int(w) for w in args.recurrent_warps.split(",")]
+        variants = [("recurrent", value_block(d, d, n_seq, heads) if bv == "auto" else int(bv),
+                     w) for bv in args.recurrent_block_v.split(",") for w in warps]
+        variants += [("chunk", chunk_value_block(d, d) if bv == "auto" else int(bv), None)
                      for bv in args.chunk_block_v.split(",")]
         nbytes = window_bytes(n_seq, n, heads, d, d, sdt.itemsize, store)
         base_us = base_out = None
-        for method, bv in variants:
-            us, out = _time(kda_window, inputs, pristine, store, method, bv)
+        for method, bv, w in variants:
+            us, out = _time(kda_window, inputs, pristine, store, method, bv, w)
             if base_us is None:
                 base_us, base_out = us, out
             row = {"op": "kda-window", "gpu": gpu, "seqs": n_seq, "n": n, "heads": heads,
                    "dk": d, "dv": d, "state_dtype": args.state_dtype, "store_state": store,
-                   "method": method, "block_v": bv, "us": round(us, 2), "bytes": nbytes,
+                   "method": method, "block_v": bv, "num_warps": w, "us": round(us, 2),
+                   "bytes": nbytes,
                    "tbs": round(nbytes / us / 1e6, 3), "hbm_copy_tbs": round(copy_tbs, 3),
                    "hbm_read_tbs": round(read_tbs, 3),
                    "frac_hbm_copy": round(nbytes / us / 1e6 / copy_tbs, 3),

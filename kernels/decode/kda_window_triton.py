@@ -106,7 +106,8 @@ def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
                beta: torch.Tensor, recurrent: torch.Tensor, slots: torch.Tensor,
                gate: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                store_state: bool = True, block_v: int | None = None,
-               method: str | None = None, dot_precision: str | None = None) -> torch.Tensor:
+               method: str | None = None, dot_precision: str | None = None,
+               num_warps: int | None = None) -> torch.Tensor:
     """``ref.kda_window_ref`` in one launch: out [T, H*V] in gate.dtype; ``recurrent`` updated.
 
     Args:
@@ -117,6 +118,8 @@ def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
         method: "recurrent" (``_window_kernel``, step by step) or "chunk"
             (``kda_window_chunk_triton``: the window as one matrix-form chunk on tensor cores);
             default ``window_method(n)``.  dot_precision: the chunk form's tl.dot precision.
+        num_warps: the recurrence's warps per program (default: 8 for a [K, BV] slice of at
+            least 8,192 values, else 4; the kda-window bench sweeps it).
     """
     t_len, heads, dk = k.shape
     dv = v.shape[-1]
@@ -143,7 +146,8 @@ def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
         _window_kernel[(n_seq, heads, dv // bv)](
             q, k, v, g, beta, recurrent, slots, gate, norm_weight, out, t_len // n_seq, heads,
             float(eps), recurrent.stride(0), gate.stride(0), out.stride(0), K=dk, V=dv, BV=bv,
-            STORE_STATE=store_state, PRECISE=k.is_cuda, num_warps=8 if dk * bv >= 8192 else 4)
+            STORE_STATE=store_state, PRECISE=k.is_cuda,
+            num_warps=num_warps or (8 if dk * bv >= 8192 else 4))
     if bv < dv:
         _gate_norm_kernel[(t_len, heads)](out, gate, norm_weight, heads, float(eps),
                                           gate.stride(0), out.stride(0), V=dv,
