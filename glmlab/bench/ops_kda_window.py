@@ -121,7 +121,7 @@ def run(argv: list[str]) -> list[dict]:
         variants = [("recurrent", value_block(d, d, n_seq, heads) if bv == "auto" else int(bv),
                      w) for bv in args.recurrent_block_v.split(",") for w in warps]
         variants += [("chunk", chunk_value_block(d, d) if bv == "auto" else int(bv), None)
-                     for bv in args.chunk_block_v.split(",")]
+                     for bv in args.chunk_block_v.split(",") if bv]  # "": no chunk form
         nbytes = window_bytes(n_seq, n, heads, d, d, sdt.itemsize, store)
         base_us = base_out = None
         for method, bv, w in variants:
