@@ -80,7 +80,7 @@ for name, dist in (("torch", "torch"), ("triton", "triton"), ("fla", "fla-core")
     except metadata.PackageNotFoundError:
         print(f"  {name}: found, no metadata")
 PY
-CASES=penalties,grammar,samples
+CASES=${CASES:-penalties,grammar,samples}
 if ! $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('xgrammar') is None)"
 then
   echo "!! xgrammar is missing: the grammar case is skipped (carry .devpack/xgrammar.tar.xz)"

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
 from glmlab.core import make_generator, sample
 from glmlab.model.glm import GLM5Model
@@ -140,13 +141,15 @@ class SpecDecoder:
                 raise ValueError(f"row {r.row}: a verify window of {d} past {r.committed} tokens "
                                  f"exceeds its capacity {self.layout.capacity(r.row)}")
         timer = PhaseTimer(self.device)
-        proposal = self.drafter.propose(reqs)
+        with record_function("spec.draft"):  # profiler ranges: free when none is recording
+            proposal = self.drafter.propose(reqs)
         timer.mark("draft")
         anchors = torch.tensor([r.anchor for r in reqs], device=self.device)
         window = torch.cat([anchors[:, None], proposal.tokens], dim=1)  # [N, D]
         rows = [r.row for r in reqs]
         plan = self.layout.plan(rows, [d] * n, [r.committed for r in reqs], verify=self.store)
-        res = self.forward(window.flatten(), plan)
+        with record_function("spec.verify"):
+            res = self.forward(window.flatten(), plan)
         hidden, feats, logits = res.hidden, res.features, res.logits.view(n, d, -1)
         if self.simulate is not None:
             acc = self.simulate.accept(logits, proposal.tokens)
@@ -154,16 +157,18 @@ class SpecDecoder:
             acc = accept(logits, proposal.tokens, proposal.draft_probs,
                          [r.params for r in reqs], [r.generator for r in reqs])
         timer.mark("verify")
-        lens = acc.commit_lens.tolist()
-        self.store.commit(self.layout.cache, plan.state_slots, acc.commit_lens)
-        emitted = [acc.emitted(i) for i in range(n)]
-        hidden, feats, window_ids = hidden.view(n, d, -1), feats.view(n, d, -1), window.tolist()
-        self.drafter.extend(reqs, TargetStates(
-            positions=[r.committed for r in reqs],
-            hidden=[hidden[i, :c] for i, c in enumerate(lens)],
-            features=[feats[i, :c] for i, c in enumerate(lens)],
-            tokens=[window_ids[i][:c] for i, c in enumerate(lens)],
-            next_tokens=emitted))
+        with record_function("spec.commit"):
+            lens = acc.commit_lens.tolist()
+            self.store.commit(self.layout.cache, plan.state_slots, acc.commit_lens)
+            emitted = [acc.emitted(i) for i in range(n)]
+            hidden, feats = hidden.view(n, d, -1), feats.view(n, d, -1)
+            window_ids = window.tolist()
+            self.drafter.extend(reqs, TargetStates(
+                positions=[r.committed for r in reqs],
+                hidden=[hidden[i, :c] for i, c in enumerate(lens)],
+                features=[feats[i, :c] for i, c in enumerate(lens)],
+                tokens=[window_ids[i][:c] for i, c in enumerate(lens)],
+                next_tokens=emitted))
         timer.mark("commit")
         stats = CycleStats(tuple(lens), {p: timer.times.get(p, 0.0) for p in PHASES},
                            simulated=self.simulate is not None)

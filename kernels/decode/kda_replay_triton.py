@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from glmlab.kernels.decode.kda_window_triton import window_warps
+
 
 @triton.jit
 def _replay_commit_kernel(state_ptr, slots_ptr, rows_ptr, lens_ptr, k_ptr, v_ptr, g_ptr,
@@ -114,7 +116,8 @@ def kda_replay_commit(recurrent: torch.Tensor, slots: torch.Tensor, rows: torch.
         commit_lens: [N] integer, on the device, steps to replay (clamped to 0..D; 0 leaves the
             state untouched). Never read on the host.
         block_v: state columns per program (default ``replay_value_block``), dividing V.
-    Launch grid: (N, H, V // block_v), 4 warps.
+    Launch grid: (N, H, V // block_v), ``window_warps`` warps (the same step and reductions as
+    the window recurrence, whose warps were measured).
     """
     _check_inputs(recurrent, slots, rows, k, v, g, beta, commit_lens)
     _, width, heads, dk = k.shape
@@ -127,4 +130,4 @@ def kda_replay_commit(recurrent: torch.Tensor, slots: torch.Tensor, rows: torch.
         return
     _replay_commit_kernel[(n_seq, heads, dv // bv)](
         recurrent, slots, rows, commit_lens, k, v, g, beta, heads, width, recurrent.stride(0),
-        K=dk, V=dv, BV=bv, num_warps=4)
+        K=dk, V=dv, BV=bv, num_warps=window_warps(dk, bv))

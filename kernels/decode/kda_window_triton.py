@@ -84,6 +84,17 @@ def value_block(dk: int, dv: int, n_seq: int, heads: int, num_sms: int = 132) ->
     return 32
 
 
+def window_warps(dk: int, block_v: int) -> int:
+    """Warps per recurrent program. Measured on the H200 at 128 x 128 heads with 32-column slices
+    (``--op kda-window --recurrent-warps 1,2,4,8``, commit 76253ea): 2 warps took 534 us at
+    132 x 8 and 77 us at 16 x 8 against 688 and 98 us with 4 (8: 2.3-2.5x slower; 128 x 1 the
+    same with 1, 2 or 4): the step's two reductions over K stay within fewer warps. Whole-head
+    slices (K x V >= 8,192 values) keep 8 warps for their registers."""
+    if dk * block_v >= 8192:
+        return 8
+    return 2 if block_v <= 32 else 4
+
+
 def window_method(n: int, method: str | None = None, dk: int = 128,
                   block_v: int | None = None) -> str:
     """The kernel for a window of n tokens: the step-by-step recurrence unless ``method`` asks
@@ -118,8 +129,7 @@ def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
         method: "recurrent" (``_window_kernel``, step by step) or "chunk"
             (``kda_window_chunk_triton``: the window as one matrix-form chunk on tensor cores);
             default ``window_method(n)``.  dot_precision: the chunk form's tl.dot precision.
-        num_warps: the recurrence's warps per program (default: 8 for a [K, BV] slice of at
-            least 8,192 values, else 4; the kda-window bench sweeps it).
+        num_warps: the recurrence's warps per program (default ``window_warps``).
     """
     t_len, heads, dk = k.shape
     dv = v.shape[-1]
@@ -147,7 +157,7 @@ def kda_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tenso
             q, k, v, g, beta, recurrent, slots, gate, norm_weight, out, t_len // n_seq, heads,
             float(eps), recurrent.stride(0), gate.stride(0), out.stride(0), K=dk, V=dv, BV=bv,
             STORE_STATE=store_state, PRECISE=k.is_cuda,
-            num_warps=num_warps or (8 if dk * bv >= 8192 else 4))
+            num_warps=num_warps or window_warps(dk, bv))
     if bv < dv:
         _gate_norm_kernel[(t_len, heads)](out, gate, norm_weight, heads, float(eps),
                                           gate.stride(0), out.stride(0), V=dv,

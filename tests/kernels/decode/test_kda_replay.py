@@ -151,20 +151,22 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from glmlab.kernels.decode.kda_replay_triton import _replay_commit_kernel
+from glmlab.kernels.decode.kda_window_triton import window_warps
 for state in ("*fp32", "*bf16"):
     sig = {"state_ptr": state, "slots_ptr": "*i64", "rows_ptr": "*i64", "lens_ptr": "*i64",
            "k_ptr": "*fp32", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*bf16",
            "H": "i32", "D": "i32", "stride_ss": "i32",
            "K": "constexpr", "V": "constexpr", "BV": "constexpr"}
     src = ASTSource(_replay_commit_kernel, sig, constexprs={"K": 128, "V": 128, "BV": 32})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": window_warps(128, 32)})
     print(len(c.asm["cubin"]) > 0, "local" if ".local" in c.asm["ptx"] else "no-local")
 """
 
 
 def test_compiles_for_sm90_without_spills():
-    """Real Triton compiler for Hopper at the served width (128 x 128 heads, BV 32, 4 warps), in
-    a process without the interpreter switch: the [128, 32] fp32 slice stays in registers."""
+    """Real Triton compiler for Hopper at the served width (128 x 128 heads, BV 32, the launch's
+    warps), in a process without the interpreter switch: the [128, 32] fp32 slice stays in registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
                          timeout=300)
