@@ -166,7 +166,8 @@ for state in ("*fp32", "*bf16"):
 
 def test_compiles_for_sm90_without_spills():
     """Real Triton compiler for Hopper at the served width (128 x 128 heads, BV 32, the launch's
-    warps), in a process without the interpreter switch: the [128, 32] fp32 slice stays in registers."""
+    warps), in a process without the interpreter switch: the [128, 32] fp32 slice stays in
+    registers."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", _AOT], env=env, capture_output=True, text=True,
                          timeout=300)
