@@ -153,7 +153,12 @@ class GLM5Model(nn.Module):
         return self.norm(x.mean(dim=1)), captured
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """fp32 logits [..., V] of hidden [..., D]. The rows go in as one 2-D matrix: a strided
+        3-D input (the DFlash2 draft's ``hidden[:, 1:]``) makes torch's matmul broadcast the
+        weight into a batched GEMM that reads the whole lm_head once per batch row (H200: 38 ms
+        for 132 x 7 rows, against ~0.4 ms as one GEMM)."""
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return self.lm_head(flat).float().view(*hidden.shape[:-1], -1)
 
     def mtp_forward(
         self,
