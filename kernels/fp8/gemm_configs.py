@@ -212,7 +212,10 @@ class GemmTable:
         entries = {nk: dict(by_m) for nk, by_m in self.entries.items()}
         for nk, by_m in other.entries.items():
             entries.setdefault(nk, {}).update(by_m)
-        return GemmTable(entries, {**self.meta, **other.meta})
+        meta = {**self.meta, **other.meta}
+        if "tokens" in self.meta or "tokens" in other.meta:  # the M's the table now holds
+            meta["tokens"] = sorted({m for by_m in entries.values() for m in by_m})
+        return GemmTable(entries, meta)
 
     def to_json(self, device: str) -> dict:
         return {"format": FORMAT, "device": device, "meta": self.meta,

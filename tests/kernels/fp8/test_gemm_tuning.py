@@ -43,6 +43,7 @@ def test_table_round_trip_and_merge(tmp_path):
     assert back == table and read_table("other", tmp_path) is None
     merged = back.merged(GemmTable({(8192, 4096): {128: B}, (1, 2): {1: B}}))
     assert merged.entries[(8192, 4096)] == {1: A, 128: B} and merged.entries[(1, 2)] == {1: B}
+    assert merged.meta["tokens"] == [1, 128]  # a partial re-tune keeps naming every M held
 
 
 def test_tables_written_before_kinds_still_load():
