@@ -55,6 +55,10 @@ else
   LIMIT=${LIMIT:-200}
 fi
 [ -n "${SAMPLING:-}" ] && ARGS="$ARGS --sampling $SAMPLING"
+# TIME_BUDGET: seconds after which later cases are skipped (default 120 on the GPU)
+[ -n "${TIME_BUDGET:-}" ] && ARGS="$ARGS --time-budget $TIME_BUDGET"
+# PROFILE=1: the kernels of one sampler call per variant, profile-sampler-*.txt in $OUT
+[ "${PROFILE:-0}" = 1 ] && ARGS="$ARGS --profile-dir $OUT"
 ARGS=$(echo $ARGS)  # one line, for the logs
 
 stamp install

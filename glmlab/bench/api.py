@@ -41,6 +41,7 @@ import torch
 
 from glmlab.bench.api_matchers import case_matchers
 from glmlab.bench.ops import machine
+from glmlab.bench.profile_table import write_profile
 from glmlab.checkpoint.tokenizer import build_byte_tokenizer
 from glmlab.core import SamplingParams
 from glmlab.distributed.parallel import ProcessGroups
@@ -86,6 +87,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stream", help="append each row to this JSONL file as it is measured")
     p.add_argument("--time-budget", type=float, help="seconds; later cases are skipped")
+    p.add_argument("--profile-dir", help="write the kernels of one sampler call per variant "
+                   "here (profile-sampler-VARIANT.txt): where the sampler's time goes")
     return p.parse_args(argv)
 
 
@@ -145,8 +148,8 @@ def first_allowed(matcher, vocab: int) -> int:
     return word * 32 + (bits & -bits).bit_length() - 1
 
 
-def decode_round(engine: Engine, args, params: list[SamplingParams], grammars: list
-                 ) -> tuple[list[float], list[float]]:
+def decode_round(engine: Engine, args, params: list[SamplingParams], grammars: list,
+                 label: str | None = None) -> tuple[list[float], list[float]]:
     """Import ``len(params)`` requests at ``--context`` tokens, then step: the step times (ms)
     after the warm-up, then the sampler's alone (``--steps`` calls on one random logits batch,
     the requests as they are). Every request ends (aborted) before it returns."""
@@ -183,6 +186,10 @@ def decode_round(engine: Engine, args, params: list[SamplingParams], grammars: l
         engine.runner.sample(reqs, logits)
         sync(args.device)
         sampled.append((time.perf_counter() - start) * 1e3)
+    if label and args.profile_dir:
+        write_profile(lambda: engine.runner.sample(reqs, logits),
+                      Path(args.profile_dir) / f"profile-sampler-{label}.txt",
+                      f"the sampler once: {label}, {len(reqs)} requests x {vocab} logits")
     for rid in rids:
         engine.abort(rid)
         engine.forget(rid)
@@ -200,7 +207,7 @@ def side_by_side(engine: Engine, args, case: str, variant) -> dict:
     for r in range(args.reps):
         rounds = [("plain", (plain, [None] * args.batch)), (case, variant(plain))]
         for name, (ps, gs) in rounds[::-1] if r % 2 else rounds:  # neither always goes first
-            steps, alone = decode_round(engine, args, ps, gs)
+            steps, alone = decode_round(engine, args, ps, gs, name if r == 0 else None)
             times[name] += steps
             sampler[name] += alone
     base, other = statistics.median(times["plain"]), statistics.median(times[case])
