@@ -137,14 +137,16 @@ class BatchSampler:
     logits [N, V] is request i's), with logprobs where asked; ``release(rid)`` when one ends."""
 
     def __init__(self, vocab: int, device: torch.device | str, penalties=None,
-                 token_mask=None, race=None):
+                 token_mask=None, race=None, logprobs=None):
         self.vocab, self.device = vocab, torch.device(device)
         self.extras = _Extras(vocab, self.device)
-        # in-place adjustments of the penalised and the constrained rows
-        # (glmlab.kernels.sampling; the ModelRunner binds the backend its config names)
+        # in-place adjustments of the penalised and the constrained rows, the race and the
+        # logprobs table (glmlab.kernels.sampling; the ModelRunner binds the backend its config
+        # names): ``logprobs(logits, tokens, top)`` has the contract of ``logprob_table``
         self.penalties = penalties or apply_penalties_ref
         self.token_mask = token_mask or apply_token_mask_ref
         self.race = race or race_ref
+        self.logprobs = logprobs or logprob_table
         self._masks = torch.empty(0, (vocab + 31) // 32, dtype=torch.int32)  # host, reused
 
     def release(self, rid: str) -> None:
@@ -240,8 +242,7 @@ class BatchSampler:
                                           torch.ones(len(rows), device=dev), accumulate=True)
         return self._to_host(reqs, logits, tokens)
 
-    @staticmethod
-    def _to_host(reqs: Sequence[Req], logits: torch.Tensor,
+    def _to_host(self, reqs: Sequence[Req], logits: torch.Tensor,
                  tokens: torch.Tensor) -> list[Sampled]:
         """The tokens, and the logprobs of the requests that asked, in one device-to-host copy
         (the step's only wait on the device)."""
@@ -250,7 +251,7 @@ class BatchSampler:
             return [Sampled((t,)) for t in tokens.tolist()]
         top = max(reqs[i].params.logprobs for i in wanted)
         sel = None if len(wanted) == len(reqs) else torch.tensor(wanted, device=logits.device)
-        table = logprob_table(logits if sel is None else logits[sel],
+        table = self.logprobs(logits if sel is None else logits[sel],
                               tokens if sel is None else tokens[sel], top)
         flat = torch.cat([tokens.to(table.dtype), table.flatten()]).tolist()
         n = len(reqs)

@@ -34,7 +34,7 @@ from glmlab.checkpoint.presets_dir import resolve_model
 from glmlab.core import RadixMode, Req, Sampled
 from glmlab.engine.config import EngineConfig
 from glmlab.engine.cuda_graph import make_graph_runner, planned_reserve, replay_ready
-from glmlab.model.backends import PENALTIES, RACE, TOKEN_MASK
+from glmlab.model.backends import LOGPROBS, PENALTIES, RACE, TOKEN_MASK
 from glmlab.model.glm import GLM5Model
 from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
 from glmlab.model.session import run_step
@@ -71,7 +71,8 @@ class ModelRunner:
         self.sampler = BatchSampler(model.cfg.vocab_size, self.device,
                                     PENALTIES.get(cfg.backends.sampling),
                                     TOKEN_MASK.get(cfg.backends.sampling),
-                                    RACE.get(cfg.backends.sampling))
+                                    RACE.get(cfg.backends.sampling),
+                                    LOGPROBS.get(cfg.backends.sampling))
         self.graphs = make_graph_runner(model, storage, cfg)  # issue 15: None when not usable
         if cfg.print_budget:
             print(self.budget.table(), file=sys.stderr)

@@ -31,7 +31,10 @@ Op signatures (shape letters as in kernels/README.md):
   penalties(x, idx, rows, counts, prompt, bias, stops, rep, freq, pres, early) -> None
       the sampler's logit adjustments, in place on rows ``idx`` of fp32 logits [N, V]
   token_mask(x, idx, bitmask) -> None    a grammar's allowed tokens ([M, ceil(V/32)] int32 bits)
-      (both glmlab.kernels.sampling: torch references; triton: one pass each) - bound by the
+  race(x, idx, temperature, seeds, positions) -> [M] int64    the seeded draw of rows ``idx``
+  logprobs(logits, tokens, top) -> [N, 1 + 2 * top]   the sampled tokens' log-softmax, the top
+      alternatives' values and ids (torch: glmlab.sampling.logprob_table; triton: one read)
+      (all glmlab.kernels.sampling: torch references; triton: one pass each) - bound by the
       ModelRunner's sampler, not the model (``Backends.sampling``)
 """
 
@@ -91,6 +94,10 @@ TOKEN_MASK = Registry("token_mask")
 RACE = Registry("race")
 RACE.add("torch", "glmlab.kernels.sampling.ref:race_ref")
 RACE.add("triton", "glmlab.kernels.sampling.race_triton:race_triton")
+LOGPROBS = Registry("logprobs")
+# torch: the engine's own table (its two-stage top-k), not the kernel's plain-topk reference
+LOGPROBS.add("torch", "glmlab.sampling:logprob_table")
+LOGPROBS.add("triton", "glmlab.kernels.sampling.logprobs_triton:logprob_table_triton")
 for _reg, _name in ((PENALTIES, "penalties"), (TOKEN_MASK, "token_mask")):
     _reg.add("torch", f"glmlab.kernels.sampling.ref:apply_{_name}_ref")
     _reg.add("triton", f"glmlab.kernels.sampling.penalties_triton:apply_{_name}_triton")
@@ -111,7 +118,7 @@ class Backends:
     router: str = "torch"
     kda_step: str = "torch"
     dsa_index: str = "torch"
-    sampling: str = "torch"  # the sampler's penalties and grammar masks
+    sampling: str = "torch"  # the sampler's penalties, grammar masks, race and logprobs
 
     @classmethod
     def fast(cls) -> Backends:
@@ -142,6 +149,7 @@ class Backends:
             "penalties": PENALTIES.get(self.sampling),
             "token_mask": TOKEN_MASK.get(self.sampling),
             "race": RACE.get(self.sampling),
+            "logprobs": LOGPROBS.get(self.sampling),
         }
 
     def describe(self) -> str:

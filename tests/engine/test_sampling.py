@@ -215,3 +215,28 @@ def test_two_stage_top_k_equals_torchs(v, k):
     values, ids = top_k(x, k)
     want = x.topk(k, dim=-1)
     assert torch.equal(values, want.values) and torch.equal(ids, want.indices)
+
+
+def test_triton_logprobs_give_the_same_sampled_records():
+    """The sampler with the one-pass logprobs kernel (glmlab.kernels.sampling.logprobs_triton,
+    interpreted on CPU) against its torch table: the same tokens, token ids and top ids, and
+    logprobs within 1e-5; rows that ask for none, 0, 1 or 3 alternatives in one batch."""
+    kernel = pytest.importorskip("glmlab.kernels.sampling.logprobs_triton")
+    v = 300
+    asks = [3, None, 0, 1, 3]
+    reqs = [_req(f"r{i}", [1, 2, i], [], logprobs=k, temperature=0.0 if i % 2 else 1.0, seed=i)
+            for i, k in enumerate(asks)]
+    logits = torch.randn(len(reqs), v, generator=torch.Generator().manual_seed(5)) * 3
+    a = BatchSampler(v, "cpu").sample(reqs, logits)
+    b = BatchSampler(v, "cpu", logprobs=kernel.logprob_table_triton).sample(reqs, logits)
+    assert [s.tokens for s in a] == [s.tokens for s in b]
+    for want, got, k in zip(a, b, asks, strict=True):
+        if k is None:
+            assert want.logprobs is None and got.logprobs is None
+            continue
+        (w,), (g,) = want.logprobs, got.logprobs
+        assert g.token_id == w.token_id and math.isclose(g.logprob, w.logprob, abs_tol=1e-5)
+        assert len(g.top) == len(w.top) == k
+        assert [t for t, _ in g.top] == [t for t, _ in w.top]
+        assert all(math.isclose(x, y, abs_tol=1e-5)
+                   for (_, x), (_, y) in zip(g.top, w.top, strict=True))
