@@ -57,6 +57,8 @@ fi
 [ -n "${SAMPLING:-}" ] && ARGS="$ARGS --sampling $SAMPLING"
 # TIME_BUDGET: seconds after which later cases are skipped (default 120 on the GPU)
 [ -n "${TIME_BUDGET:-}" ] && ARGS="$ARGS --time-budget $TIME_BUDGET"
+# EXTRA: more bench options, after the defaults (e.g. EXTRA="--reps 1" when device time is short)
+[ -n "${EXTRA:-}" ] && ARGS="$ARGS $EXTRA"
 # PROFILE=1: the kernels of one sampler call per variant, profile-sampler-*.txt in $OUT
 [ "${PROFILE:-0}" = 1 ] && ARGS="$ARGS --profile-dir $OUT"
 ARGS=$(echo $ARGS)  # one line, for the logs
