@@ -184,7 +184,8 @@ class BatchSampler:
         if masks is not None:
             x = x.clone() if x is logits else x
             masked, bitmask = masks
-            self.token_mask(x, torch.tensor(masked).to(dev), bitmask.to(dev, non_blocking=True))
+            self.token_mask(x, _to_device(masked, torch.long, dev),
+                            bitmask.to(dev, non_blocking=True))
         return x, counted
 
     def grammar_masks(self, reqs: Sequence[Req]) -> tuple[list[int], torch.Tensor] | None:
@@ -250,22 +251,35 @@ class BatchSampler:
         if not wanted:
             return [Sampled((t,)) for t in tokens.tolist()]
         top = max(reqs[i].params.logprobs for i in wanted)
-        sel = None if len(wanted) == len(reqs) else torch.tensor(wanted, device=logits.device)
+        sel = None if len(wanted) == len(reqs) else _to_device(wanted, torch.long,
+                                                                 logits.device)
         table = self.logprobs(logits if sel is None else logits[sel],
                               tokens if sel is None else tokens[sel], top)
-        flat = torch.cat([tokens.to(table.dtype), table.flatten()]).tolist()
         n = len(reqs)
-        out = [Sampled((int(t),)) for t in flat[:n]]
-        width = table.shape[1]
+        host = torch.cat([tokens.to(table.dtype), table.flatten()]).cpu()
+        # the records are built from whole columns (one tolist each), not per entry: at 128
+        # requests x 20 alternatives this host work is on the step's critical path
+        out = [Sampled((t,)) for t in host[:n].long().tolist()]
+        rows = host[n:].view(len(wanted), table.shape[1])
+        picked = rows[:, 0].tolist()
+        values, ids = rows[:, 1:1 + top].tolist(), rows[:, 1 + top:].long().tolist()
         for j, i in enumerate(wanted):
-            lp = _token_logprob(int(flat[i]), flat[n + j * width: n + (j + 1) * width], top)
-            out[i] = Sampled(out[i].tokens, (lp.with_top(reqs[i].params.logprobs),))
+            k = reqs[i].params.logprobs
+            top_k = tuple(zip(ids[j][:k], values[j][:k], strict=True))
+            lp = TokenLogprob(out[i].tokens[0], picked[j], top_k)
+            out[i] = Sampled(out[i].tokens, (lp,))
         return out
 
 
-def _to_device(columns: list[list], dtype: torch.dtype, device) -> torch.Tensor:
-    """Equal-length host lists as the rows of one ``dtype`` tensor on ``device``: one copy."""
-    return torch.tensor(columns, dtype=dtype).to(device)
+def _to_device(columns: list, dtype: torch.dtype, device) -> torch.Tensor:
+    """Equal-length host lists as the rows of one ``dtype`` tensor on ``device``: one copy. On
+    CUDA from pinned memory, without blocking: a copy from pageable memory holds the host until
+    the stream reaches it, that is until the step's forward has finished, which would leave the
+    sampler's host work and launches after the forward instead of beside it."""
+    host = torch.tensor(columns, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
