@@ -157,8 +157,8 @@ class GLM5Model(nn.Module):
         3-D input (the DFlash2 draft's ``hidden[:, 1:]``) makes torch's matmul broadcast the
         weight into a batched GEMM that reads the whole lm_head once per batch row (H200: 38 ms
         for 132 x 7 rows, against ~0.4 ms as one GEMM)."""
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        return self.lm_head(flat).float().view(*hidden.shape[:-1], -1)
+        out = self.lm_head(hidden.reshape(-1, hidden.shape[-1])).float()
+        return out.view(*hidden.shape[:-1], out.shape[-1])  # also for zero rows
 
     def mtp_forward(
         self,

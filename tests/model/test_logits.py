@@ -20,3 +20,11 @@ def test_strided_rows_take_one_gemm_and_give_the_rows_logits():
     assert got.shape == (5, 7, model.cfg.vocab_size) and got.dtype == torch.float32
     want = torch.stack([model.logits(drafted[i].contiguous()) for i in range(5)])
     torch.testing.assert_close(got, want)
+
+
+def test_zero_rows_give_zero_logit_rows():
+    model = load_model(preset_checkpoint("tiny"), dtype=torch.float32)
+    got = model.logits(torch.empty(0, model.cfg.hidden_size))
+    assert got.shape == (0, model.cfg.vocab_size)
+    assert model.logits(torch.empty(2, 0, model.cfg.hidden_size)).shape == (2, 0,
+                                                                            model.cfg.vocab_size)
