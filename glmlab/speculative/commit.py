@@ -14,6 +14,12 @@ After ``commit_len`` window tokens are accepted the cache must hold exactly the 
   the tail after c steps is the rows of the pool that is incomplete at the committed length;
 - the KDA recurrence in ``REPLAY`` (ring of step inputs) or ``SNAPSHOT`` (post-step states) mode.
 
+The MTP drafter's draft-extend after a verify runs over the same uniform window (every request's
+D positions, ``glmlab.speculative.mtp``) with this store as its recorder: the MTP layer (a DSA
+layer, index ``cfg.mtp_layer``) records its indexer rows like the target's DSA layers, and
+``commit_index_tails`` rolls that layer's tail once the extend has run. So the store keeps index
+rows for the MTP layer too whenever the config has one (``index_layers``).
+
 Rows the window wrote past the accepted length (MLA latents, pooled indexer keys of pools that
 completed inside the rejected part) need no undo: a pool key or latent row is rewritten by the
 step that really reaches its position, before any query can read it.
@@ -62,7 +68,7 @@ class SpecStateStore:
                                            dtype=act_dtype, device=device) for i in cfg.kda_layers}
         self.index_rows = {i: torch.zeros(num_rows, ds.index_kpool - 1 + width,
                                           2 * ds.index_head_dim, dtype=act_dtype, device=device)
-                           for i in cfg.dsa_layers}
+                           for i in index_layers(cfg)}
         self.index_held = torch.zeros(num_rows, dtype=torch.long, device=device)
         if self.mode is CommitMode.REPLAY:
             self.recurrence = ReplayRing(cfg, num_rows, width, act_dtype, device, commit_impl)
@@ -159,12 +165,25 @@ class SpecStateStore:
             held = window.gather(1, idx).transpose(1, 2)  # [N, C, W-1]
             cache.conv[layer][slots] = held.to(cache.conv[layer].dtype)
             self.recurrence.commit(layer, cache.recurrent[layer], slots, rows, lens)
+        self._roll_index_tails(cache, slots, rows, lens, self.cfg.dsa_layers)
+
+    def commit_index_tails(self, cache: ModelCache, slots: torch.Tensor,
+                           commit_lens: torch.Tensor, layers: tuple[int, ...]) -> None:
+        """Roll only the indexer tails of ``layers`` to the first ``commit_lens`` window steps:
+        the MTP draft-extend's commit, after it recorded its layer over the verify's window.
+        No checks (no host sync): the lengths are the ones ``commit`` has just accepted."""
+        slots = slots.to(self.index_held.device)
+        self._roll_index_tails(cache, slots, self.rows(slots),
+                               commit_lens.to(slots.device).long(), layers)
+
+    def _roll_index_tails(self, cache: ModelCache, slots: torch.Tensor, rows: torch.Tensor,
+                          lens: torch.Tensor, layers: tuple[int, ...]) -> None:
         kp = self.cfg.dsa.index_kpool
         end = self.index_held[rows] + lens  # position just past the committed length
         new_held = end % kp
         picks = (end - new_held)[:, None] + torch.arange(kp, device=slots.device)  # [N, kpool]
         picks = picks.clamp(max=kp - 2 + self.width)  # entries past the tail are masked below
-        for layer in self.cfg.dsa_layers:
+        for layer in layers:
             src = self.index_rows[layer][rows]  # [N, kpool-1+D, 2*DI]
             tail = src.gather(1, picks[..., None].expand(-1, -1, src.shape[2]))
             keep = torch.arange(kp, device=slots.device)[None, :] < new_held[:, None]
@@ -178,10 +197,18 @@ class SpecStateStore:
         act = torch.finfo(act_dtype).bits // 8
         kd, ds = cfg.kda, cfg.dsa
         conv = len(cfg.kda_layers) * kd.conv_channels * (kd.conv_kernel - 1 + width) * act
-        index = len(cfg.dsa_layers) * (ds.index_kpool - 1 + width) * 2 * ds.index_head_dim * act
+        rows = (ds.index_kpool - 1 + width) * 2 * ds.index_head_dim * act  # one layer's, per slot
+        index = len(index_layers(cfg)) * rows
         if CommitMode(mode) is CommitMode.REPLAY:
             rec = ReplayRing.bytes_per_slot(cfg, width, act_dtype)
         else:
             rec = StateSnapshots.bytes_per_slot(cfg, width, state_dtype)
         return {"recurrence": rec, "conv_window": conv, "index_rows": index,
                 "total": rec + conv + index}
+
+
+def index_layers(cfg: ModelConfig) -> tuple[int, ...]:
+    """The DSA layers whose indexer rows a store keeps: the target's, and the MTP layer's (its
+    draft-extend is a uniform window too). A DFlash2 run on a config with an MTP layer carries its
+    unused rows: one layer's kpool-1+D rows per store row, a few KiB."""
+    return (*cfg.dsa_layers, *(() if cfg.mtp_layer is None else (cfg.mtp_layer,)))

@@ -8,7 +8,8 @@
             then greedy or rejection-sampling acceptance (or simulated acceptance)
     commit  the cache is rolled to each request's accepted prefix (``commit_lens`` differ per
             request), and the drafter learns the committed positions (MTP draft-extend, DFlash2
-            draft-KV projection)
+            draft-KV projection); it is handed the whole verify window as well
+            (``VerifyWindow``), so the MTP extend runs as a uniform step like the verify
     rest    bookkeeping: outputs, stop conditions, next anchors
 
 ``SpecDecoder`` runs cycles over any ``CacheLayout`` (a ``Session`` now, the engine's pools too)
@@ -31,7 +32,13 @@ from glmlab.model.plan import ForwardPlan, StepPlan, StepResult
 from glmlab.speculative.commit import SpecStateStore
 from glmlab.speculative.replay import CommitMode
 from glmlab.speculative.sim import SimulatedAcceptance
-from glmlab.speculative.types import CacheLayout, Drafter, SpecRequest, TargetStates
+from glmlab.speculative.types import (
+    CacheLayout,
+    Drafter,
+    SpecRequest,
+    TargetStates,
+    VerifyWindow,
+)
 from glmlab.speculative.verify import accept
 
 PHASES = ("draft", "verify", "commit", "rest")
@@ -160,7 +167,10 @@ class SpecDecoder:
         with record_function("spec.commit"):
             lens = acc.commit_lens.tolist()
             self.store.commit(self.layout.cache, plan.state_slots, acc.commit_lens)
-            emitted = [acc.emitted(i) for i in range(n)]
+            # one copy of the window's tokens, cut on the host (acc.emitted(i) reads the
+            # device once per request: 132 waits per cycle at the reference point)
+            rows_host = acc.tokens.tolist()
+            emitted = [rows_host[i][:c] for i, c in enumerate(lens)]
             hidden, feats = hidden.view(n, d, -1), feats.view(n, d, -1)
             window_ids = window.tolist()
             self.drafter.extend(reqs, TargetStates(
@@ -168,7 +178,9 @@ class SpecDecoder:
                 hidden=[hidden[i, :c] for i, c in enumerate(lens)],
                 features=[feats[i, :c] for i, c in enumerate(lens)],
                 tokens=[window_ids[i][:c] for i, c in enumerate(lens)],
-                next_tokens=emitted))
+                next_tokens=emitted,
+                # the whole window too: the MTP drafter learns it as one uniform step
+                window=VerifyWindow(hidden, acc.tokens, acc.commit_lens, self.store)))
         timer.mark("commit")
         stats = CycleStats(tuple(lens), {p: timer.times.get(p, 0.0) for p in PHASES},
                            simulated=self.simulate is not None)

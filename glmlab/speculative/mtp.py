@@ -16,6 +16,20 @@ are overwritten by the next extend before any query reads them, but the chain al
 MTP layer's indexer tail (a per-request state), so the drafter saves it before the chain and puts it
 back afterwards. Drafts are argmax tokens (point mass): sampled requests are verified with
 target-only chain sampling.
+
+Two draft-extends, chosen by whether ``TargetStates`` carry the verify's ``VerifyWindow``:
+
+- after a verify (``window`` set): the extend covers the verify's own positions p .. p+D-1 for
+  every request, a *uniform* step of width D (the model's fused path, no host syncs, as the verify)
+  instead of the ragged p .. p+c-1. Row j feeds (h_{p+j}, the emitted token after it) for j < c,
+  and token 0 past c (any valid id: those rows are garbage). Garbage rows need no undo, by the
+  verify's argument (``glmlab.speculative.commit``): the chain and the next extend rewrite an MTP
+  latent row or pool key before any query reads it. The exception is the MTP layer's indexer tail,
+  which the step advances over D tokens: the verify's ``SpecStateStore`` records the layer's rows
+  during the step and rolls the tail to c afterwards, as it does for the target's DSA layers. The
+  chain start (m, d_1) is row c-1, gathered on the device;
+- otherwise (a prompt in ``SpecDecoder.start``, engine prefill chunks: ragged lengths, no window,
+  no recorder): one ragged step over exactly the new positions, the model's general path.
 """
 
 from __future__ import annotations
@@ -23,7 +37,13 @@ from __future__ import annotations
 import torch
 
 from glmlab.model.glm import GLM5Model
-from glmlab.speculative.types import CacheLayout, Proposal, SpecRequest, TargetStates
+from glmlab.speculative.types import (
+    CacheLayout,
+    Proposal,
+    SpecRequest,
+    TargetStates,
+    VerifyWindow,
+)
 
 
 class MTPDrafter:
@@ -43,13 +63,34 @@ class MTPDrafter:
     @torch.inference_mode()
     def extend(self, reqs: list[SpecRequest], states: TargetStates) -> None:
         """Draft-extend: MTP rows for the committed positions; remembers the last row's output."""
+        if states.window is not None:
+            self._extend_window(reqs, states.positions, states.window)
+            return
         device = self.model.embed_tokens.weight.device
         plan = self.layout.plan([r.row for r in reqs], [len(t) for t in states.tokens],
                                 states.positions)
         hidden = torch.cat(states.hidden)
         ids = torch.tensor([t for nxt in states.next_tokens for t in nxt], device=device)
         m = self.model.mtp_forward(hidden, ids, plan, self.layout.cache)
-        last = m[plan.last_token_rows()]  # [N, D]
+        self._remember(reqs, m[plan.last_token_rows()])
+
+    def _extend_window(self, reqs: list[SpecRequest], positions: list[int],
+                       window: VerifyWindow) -> None:
+        """The extend over the verify's whole window: one uniform step, then the MTP layer's
+        indexer tail rolled to the commit lengths (module docstring)."""
+        n, d = window.next_ids.shape
+        cache, store = self.layout.cache, window.store
+        plan = self.layout.plan([r.row for r in reqs], [d] * n, positions, verify=store)
+        lens = window.commit_lens.to(window.next_ids.device).long()
+        kept = torch.arange(d, device=lens.device)[None, :] < lens[:, None]  # [N, D]
+        ids = torch.where(kept, window.next_ids, 0).flatten()  # past c: any valid id, garbage rows
+        m = self.model.mtp_forward(window.hidden.flatten(0, 1), ids, plan, cache).view(n, d, -1)
+        store.commit_index_tails(cache, plan.state_slots, lens, (self.layer,))
+        self._remember(reqs, m[torch.arange(n, device=lens.device), lens - 1])  # rows c_i - 1
+
+    def _remember(self, reqs: list[SpecRequest], last: torch.Tensor) -> None:
+        """Each request's chain start: m = ``last[i]`` (the MTP output at its last learned row)
+        and d_1 = argmax of its logits (the one host read of the extend)."""
         first = self.model.logits(last).argmax(-1).tolist()
         for i, r in enumerate(reqs):
             self._hidden[r.row], self._first[r.row] = last[i], first[i]

@@ -4,7 +4,8 @@
 - ``Proposal``: a drafter's drafts [N, S] and, for sampled drafts, the proposal distributions.
 - ``TargetStates``: the target rows a drafter learns from after a forward (prefill or a commit):
   per request the committed positions' final hidden states and captured layer features, the token
-  at each position and the token that follows it.
+  at each position and the token that follows it. After a verify it also carries the whole
+  ``VerifyWindow`` (a drafter may learn over the uniform window and commit, as the target does).
 - ``CacheLayout``: where a request's rows live (plans, token slots) and how a target step runs.
   ``SessionLayout`` serves a ``Session``; the engine's runs every step through its
   ``ModelRunner`` (``glmlab.speculative.engine_phase``).
@@ -22,6 +23,7 @@ import torch
 from glmlab.cache.storage import ModelCache
 from glmlab.core import SamplingParams
 from glmlab.model.plan import ForwardPlan, StepPlan, StepResult, VerifyRecorder
+from glmlab.speculative.commit import SpecStateStore
 
 
 @dataclass
@@ -42,12 +44,31 @@ class Proposal:
 
 
 @dataclass(frozen=True)
+class VerifyWindow:
+    """The uniform verify window a cycle's ``TargetStates`` were cut from, on the device.
+
+    Request i verified positions p_i .. p_i+D-1 (p_i = ``TargetStates.positions[i]``) and keeps
+    the first ``commit_lens[i]`` of them. A drafter can learn all D rows as one uniform step (the
+    fused, host-sync-free path) instead of the ragged committed prefixes, provided it rolls its own
+    carried state to the commit lengths afterwards: ``store`` recorded the verify and can record
+    and roll the drafter's layers too (``SpecStateStore.commit_index_tails``)."""
+
+    hidden: torch.Tensor  # [N, D, H] the target's final hidden states over every window row
+    next_ids: torch.Tensor  # [N, D] int64: the token after row j, valid for j < commit_lens[i]
+    commit_lens: torch.Tensor  # [N] int64, 1..D: window rows that became permanent
+    store: SpecStateStore  # the verify's recorder (a ``VerifyRecorder``), bound to the same slots
+
+
+@dataclass(frozen=True)
 class TargetStates:
     positions: list[int]  # per request: position of its first row
     hidden: list[torch.Tensor]  # per request [n_i, D]: final normalised hidden states
     features: list[torch.Tensor]  # per request [n_i, F]: captured layer outputs, concatenated
     tokens: list[list[int]]  # per request: the token at each position
     next_tokens: list[list[int]]  # per request: the token after each position
+    # Set by ``SpecDecoder.cycle`` only (the committed prefixes above are cut from it); None for
+    # ragged learning (a prompt, an engine prefill chunk), where no window exists.
+    window: VerifyWindow | None = None
 
 
 class CacheLayout(Protocol):
