@@ -34,6 +34,7 @@ from glmlab.core import Req, Sampled, TokenLogprob
 from glmlab.kernels.sampling.ref import (
     apply_penalties_ref,
     apply_token_mask_ref,
+    logprob_table_ref,
     race_ref,
     seeded_uniform,
 )
@@ -295,17 +296,9 @@ def logprobs_of(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[T
 def logprob_table(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:
     """[N, 1 + 2 * top] on the device: row i is the log-softmax of ``logits[i]`` at
     ``tokens[i]``, then its ``top`` largest values, then their token ids, in one float dtype
-    wide enough to hold the ids exactly (fp32 below 2**24 tokens), for one copy to the host."""
-    # x - logsumexp(x), gathered and top-k'd from the raw logits: the same numbers as a
-    # log_softmax, without writing (and re-reading) the whole [N, V] of it
-    x = logits.float()
-    lse = torch.logsumexp(x, -1, keepdim=True)
-    wide = torch.float32 if x.shape[-1] < (1 << 24) else torch.float64
-    picked = (x.gather(-1, tokens[:, None]) - lse).to(wide)
-    if not top:
-        return picked
-    values, ids = top_k(x, top)
-    return torch.cat([picked, (values - lse).to(wide), ids.to(wide)], 1)
+    wide enough to hold the ids exactly (fp32 below 2**24 tokens), for one copy to the host:
+    the kernels' reference (``logprob_table_ref``) with the two-stage ``top_k``."""
+    return logprob_table_ref(logits, tokens, top, topk=top_k)
 
 
 def _token_logprob(token: int, row: Sequence[float], top: int) -> TokenLogprob:

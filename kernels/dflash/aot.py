@@ -6,12 +6,7 @@ rejects and never allocates registers or shared memory, so this catches both bef
 from __future__ import annotations
 
 from glmlab.kernels.dflash import attention_triton as att
-from glmlab.kernels.moe.aot import Compiled, _jit, compile_sm90
-
-
-def _types(kernel, ptrs: dict[str, str], floats: tuple[str, ...] = ()) -> dict[str, str]:
-    """Every non-pointer argument is an i32 unless named in ``floats``."""
-    return {a: ptrs.get(a, "fp32" if a in floats else "i32") for a in _jit(kernel).arg_names}
+from glmlab.kernels.moe.aot import Compiled, arg_types, compile_sm90
 
 
 def compile_draft_attention(fp8: bool = False, act: str = "bf16") -> list[Compiled]:
@@ -23,10 +18,10 @@ def compile_draft_attention(fp8: bool = False, act: str = "bf16") -> list[Compil
     ptr |= {"kk_ptr": f"*{store}", "kv_ptr": f"*{store}", "slots_ptr": "*i32", "lens_ptr": "*i32",
             "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32"}
     ptr |= {a: "*fp32" if fp8 else f"*{store}" for a in ("ks_ptr", "vs_ptr")}
-    split = compile_sm90(k, _types(k, ptr, ("qk_scale",)),
+    split = compile_sm90(k, arg_types(k, ptr, ("qk_scale",)),
                          dict(G=4, DH=128, BLOCK_M=32, BLOCK_N=att.BLOCK_N, BLOCK_B=16, FP8=fp8,
                               DOT_FP32=False), num_warps=4, num_stages=3)
     k = att._combine_kernel
     ptr = {"o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "o_ptr": f"*{act}"}
-    combine = compile_sm90(k, _types(k, ptr), dict(G=4, DH=128, BLOCK_M=32), num_warps=4)
+    combine = compile_sm90(k, arg_types(k, ptr), dict(G=4, DH=128, BLOCK_M=32), num_warps=4)
     return [split, combine]

@@ -46,6 +46,12 @@ def _jit(kernel):
     return triton.runtime.JITFunction(fn)
 
 
+def arg_types(kernel, ptrs: dict[str, str], floats: tuple[str, ...] = ()) -> dict[str, str]:
+    """``compile_sm90``'s types for ``kernel``: the pointers named in ``ptrs``, every other
+    argument an i32 unless named in ``floats`` (fp32)."""
+    return {a: ptrs.get(a, "fp32" if a in floats else "i32") for a in _jit(kernel).arg_names}
+
+
 def compile_sm90(kernel, types: dict[str, str], constexprs: dict, num_warps: int = 4,
                  num_stages: int = 3) -> Compiled:
     """Compile ``kernel`` with argument ``types`` (e.g. ``"*fp8e4nv"``, ``"i32"``) and constexprs.

@@ -77,17 +77,20 @@ def apply_token_mask_ref(x: torch.Tensor, idx: torch.Tensor, bitmask: torch.Tens
     x[idx] = x[idx].masked_fill(~allowed, _MASK)
 
 
-def logprob_table_ref(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> torch.Tensor:
+def logprob_table_ref(logits: torch.Tensor, tokens: torch.Tensor, top: int,
+                      topk=None) -> torch.Tensor:
     """[N, 1 + 2 * top]: row i is the log-softmax of fp32 ``logits`` [N, V] at ``tokens[i]``
     ([N] int64), then the ``top`` largest log-softmax values (descending), then their token
     ids, in one float dtype that holds the ids exactly (fp32 below 2**24 tokens, else fp64).
-    The same math as ``glmlab.sampling.logprob_table`` with a plain ``torch.topk`` (kernels
-    may not import the sampler): the specification of ``logprobs_triton``."""
+    ``topk(x, k) -> (values, ids)`` picks the top (default ``torch.topk``; the engine's torch
+    sampler passes its two-stage ``glmlab.sampling.top_k``). x - logsumexp(x), gathered and
+    top-k'd from the raw logits: the numbers of a log_softmax without writing the whole [N, V]
+    of it. The specification of ``logprobs_triton``."""
     x = logits.float()
     lse = torch.logsumexp(x, -1, keepdim=True)
     wide = torch.float32 if x.shape[-1] < (1 << 24) else torch.float64
     picked = (x.gather(-1, tokens[:, None]) - lse).to(wide)
     if not top:
         return picked
-    values, ids = x.topk(top, dim=-1)
+    values, ids = topk(x, top) if topk is not None else x.topk(top, dim=-1)
     return torch.cat([picked, (values - lse).to(wide), ids.to(wide)], 1)
